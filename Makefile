@@ -1,0 +1,41 @@
+# Two commands on a fresh clone:  `make run`  and  `make test`.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip --disable-pip-version-check -q
+
+.PHONY: run test lint typecheck pytest bench clean
+
+# Core install: everything `hipipe plan|compare|simulate` needs (no torch).
+$(VENV)/.core: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -e .
+	touch $@
+
+# Full install for the tests: torch is pinned to the CPU wheel *before* the
+# extras so that the `torch` extra is already satisfied and no CUDA build is pulled.
+$(VENV)/.full: $(VENV)/.core
+	$(PIP) install torch==2.13.0
+	$(PIP) install -e '.[torch,test]'
+	touch $@
+
+run: $(VENV)/.core
+	$(VENV)/bin/hipipe compare
+
+lint: $(VENV)/.full
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
+
+typecheck: $(VENV)/.full
+	$(VENV)/bin/mypy
+
+pytest: $(VENV)/.full
+	$(PY) -m pytest -q
+
+test: lint typecheck pytest
+
+bench: $(VENV)/.core
+	$(PY) benchmarks/planners.py
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info .mypy_cache .ruff_cache .pytest_cache .hypothesis

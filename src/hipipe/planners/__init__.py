@@ -1,0 +1,71 @@
+"""Planners: functions ``(topology, message_bytes, *, num_chunks=None) -> Schedule``.
+
+Every planner returns the same :class:`~hipipe.schedule.Schedule`; no consumer knows
+which planner made one.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from hipipe.errors import HipipeError
+from hipipe.planners.baselines import plan_hierarchical, plan_pipelined, plan_ring, plan_themis
+from hipipe.schedule import Schedule
+from hipipe.topology import Topology
+
+PlannerFn = Callable[..., Schedule]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PlannerSpec:
+    name: str
+    function: PlannerFn
+    description: str
+    baseline: bool
+
+
+PLANNERS: dict[str, PlannerSpec] = {
+    spec.name: spec
+    for spec in (
+        PlannerSpec(name="ring", function=plan_ring, description="flat ring over all NPUs", baseline=True),
+        PlannerSpec(
+            name="hierarchical",
+            function=plan_hierarchical,
+            description="one chunk, ascending, no pipelining",
+            baseline=True,
+        ),
+        PlannerSpec(
+            name="pipelined",
+            function=plan_pipelined,
+            description="K=64 equal chunks, ascending, FIFO",
+            baseline=True,
+        ),
+        PlannerSpec(
+            name="themis",
+            function=plan_themis,
+            description="Themis: greedy orders, K=64, smallest-chunk-first",
+            baseline=True,
+        ),
+    )
+}
+"""Name -> planner, baselines first."""
+
+BASELINES: tuple[str, ...] = tuple(name for name, spec in PLANNERS.items() if spec.baseline)
+
+
+def get_planner(name: str) -> PlannerSpec:
+    if name not in PLANNERS:
+        raise HipipeError(f"unknown planner {name!r} (available: {', '.join(PLANNERS)})")
+    return PLANNERS[name]
+
+
+def plan(
+    topology: Topology,
+    message_bytes: int,
+    planner: str = "hipipe",
+    *,
+    num_chunks: int | None = None,
+) -> Schedule:
+    """Run one planner by name."""
+    if num_chunks is not None and num_chunks < 1:
+        raise HipipeError(f"the number of chunks must be >= 1, got {num_chunks}")
+    return get_planner(planner).function(topology, message_bytes, num_chunks=num_chunks)

@@ -1,0 +1,237 @@
+"""A discrete-event simulator of schedules under the alpha-beta cost model.
+
+Each dimension runs one op at a time; ops on different dimensions run concurrently;
+an op starts only once the previous op of its chunk has ended. What a free dimension
+runs next is decided by a queue policy:
+
+- ``fifo``:  the op that became ready first (ties: lower chunk, then earlier step);
+- ``scf``:   smallest chunk first: the op with the fewest bytes (ties: as fifo);
+- ``fixed``: the schedule's own per-dimension sequence, in order.
+
+State is explicit (one :class:`_Run` per call), the event heap is ordered by
+``(time, seq)`` and every tie is broken by op index, so results are deterministic.
+"""
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from hipipe.cost import op_time_s
+from hipipe.errors import ScheduleError
+from hipipe.schedule import Chunk, DimGroup, Op, Phase, Schedule, chain
+from hipipe.topology import Topology
+
+
+class Policy(StrEnum):
+    FIFO = "fifo"
+    SCF = "scf"
+    FIXED = "fixed"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _UntimedOp:
+    index: int
+    chunk: int
+    step: int
+    phase: Phase
+    dims: DimGroup
+    input_bytes: float
+    output_bytes: float
+    duration_s: float
+
+
+def _untimed_ops(topology: Topology, chunks: Sequence[Chunk]) -> list[_UntimedOp]:
+    ops: list[_UntimedOp] = []
+    for chunk in chunks:
+        for step, (phase, dims, input_bytes, output_bytes) in enumerate(chain(topology, chunk)):
+            ops.append(
+                _UntimedOp(
+                    index=len(ops),
+                    chunk=chunk.index,
+                    step=step,
+                    phase=phase,
+                    dims=dims,
+                    input_bytes=input_bytes,
+                    output_bytes=output_bytes,
+                    duration_s=op_time_s(topology, dims, max(input_bytes, output_bytes)),
+                )
+            )
+    return ops
+
+
+@dataclass(kw_only=True)
+class _Run:
+    """Mutable state of one simulation."""
+
+    ops: list[_UntimedOp]
+    num_dims: int
+    start_s: list[float] = field(default_factory=list)
+    end_s: list[float] = field(default_factory=list)
+    sequences: list[list[int]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.start_s = [float("nan")] * len(self.ops)
+        self.end_s = [float("nan")] * len(self.ops)
+        self.sequences = [[] for _ in range(self.num_dims)]
+
+
+def simulate_chunks(
+    topology: Topology,
+    message_bytes: int,
+    chunks: Sequence[Chunk],
+    *,
+    policy: Policy | str = Policy.FIFO,
+    sequences: Sequence[Sequence[int]] | None = None,
+    planner: str = "custom",
+    info: dict | None = None,
+) -> Schedule:
+    """Time the chunks' ops and return the resulting :class:`Schedule`.
+
+    ``sequences`` (per dimension, op indices) is required for ``fixed`` and ignored otherwise.
+    """
+    policy = Policy(policy)
+    ops = _untimed_ops(topology, chunks)
+    run = _Run(ops=ops, num_dims=topology.num_dims)
+    if policy is Policy.FIXED:
+        if sequences is None:
+            raise ScheduleError("the fixed policy needs per-dimension sequences")
+        _run_fixed(run, [list(s) for s in sequences])
+    else:
+        _run_queued(run, policy)
+    timed = tuple(
+        Op(
+            index=u.index,
+            chunk=u.chunk,
+            step=u.step,
+            phase=u.phase,
+            dims=u.dims,
+            input_bytes=u.input_bytes,
+            output_bytes=u.output_bytes,
+            start_s=run.start_s[u.index],
+            end_s=run.end_s[u.index],
+        )
+        for u in ops
+    )
+    return Schedule(
+        topology=topology,
+        message_bytes=message_bytes,
+        planner=planner,
+        chunks=tuple(chunks),
+        ops=timed,
+        sequences=tuple(tuple(s) for s in run.sequences),
+        makespan_s=max((o.end_s for o in timed), default=0.0),
+        info=dict(info or {}),
+    )
+
+
+def simulate(schedule: Schedule, *, policy: Policy | str = Policy.FIXED) -> Schedule:
+    """Replay a schedule's chunks; ``fixed`` keeps its sequences, fifo/scf re-queue them."""
+    return simulate_chunks(
+        schedule.topology,
+        schedule.message_bytes,
+        schedule.chunks,
+        policy=policy,
+        sequences=schedule.sequences,
+        planner=schedule.planner,
+        info=dict(schedule.info),
+    )
+
+
+def _run_queued(run: _Run, policy: Policy) -> None:
+    """Event loop: at each time, retire ending ops, then give every free dimension work."""
+    ops = run.ops
+    first_op = [u.index for u in ops if u.step == 0]
+    last_step = {u.chunk: u.step for u in ops}
+    queues: list[list[tuple]] = [[] for _ in range(run.num_dims)]
+    busy_until = [0.0] * run.num_dims
+    busy = [False] * run.num_dims
+    events: list[tuple[float, int, int]] = []  # (time, seq, op index) of op ends
+    seq = 0
+
+    def enqueue(index: int, ready_s: float) -> None:
+        u = ops[index]
+        fifo_key = (ready_s, u.chunk, u.step)
+        key = fifo_key if policy is Policy.FIFO else (max(u.input_bytes, u.output_bytes), *fifo_key)
+        for k in u.dims:
+            heapq.heappush(queues[k], (key, index))
+
+    for index in first_op:
+        enqueue(index, 0.0)
+    now = 0.0
+    started = [False] * len(ops)
+    while True:
+        # Dispatch: each free dimension takes its best waiting op (all of its dims must be free).
+        for k in range(run.num_dims):
+            queue = queues[k]
+            while queue and started[queue[0][1]]:
+                heapq.heappop(queue)
+            if busy[k] or not queue:
+                continue
+            index = queue[0][1]
+            dims = ops[index].dims
+            if any(busy[d] for d in dims):
+                continue
+            heapq.heappop(queue)
+            started[index] = True
+            run.start_s[index] = now
+            run.end_s[index] = now + ops[index].duration_s
+            for d in dims:
+                busy[d] = True
+                busy_until[d] = run.end_s[index]
+                run.sequences[d].append(index)
+            heapq.heappush(events, (run.end_s[index], seq, index))
+            seq += 1
+        if not events:
+            break
+        now = events[0][0]
+        while events and events[0][0] == now:
+            _, _, index = heapq.heappop(events)
+            for d in ops[index].dims:
+                busy[d] = False
+            if ops[index].step < last_step[ops[index].chunk]:
+                enqueue(index + 1, now)
+    if not all(started):
+        raise AssertionError("simulator finished with ops that never ran")
+
+
+def _run_fixed(run: _Run, sequences: list[list[int]]) -> None:
+    """Each dimension runs its sequence in order; an op waits for its chain predecessor."""
+    ops = run.ops
+    if len(sequences) != run.num_dims:
+        raise ScheduleError(f"{len(sequences)} sequences for {run.num_dims} dimensions")
+    expected: list[list[int]] = [[] for _ in range(run.num_dims)]
+    for u in ops:
+        for k in u.dims:
+            expected[k].append(u.index)
+    for k in range(run.num_dims):
+        if sorted(sequences[k]) != expected[k]:
+            raise ScheduleError(f"dimension {k}'s sequence does not list exactly the ops on dimension {k}")
+    position = [0] * run.num_dims
+    free_s = [0.0] * run.num_dims
+    done = [False] * len(ops)
+    remaining = len(ops)
+    while remaining:
+        progressed = False
+        for k in range(run.num_dims):
+            while position[k] < len(sequences[k]):
+                index = sequences[k][position[k]]
+                u = ops[index]
+                if u.step > 0 and not done[index - 1]:
+                    break
+                dims = u.dims
+                if any(sequences[d][position[d]] != index for d in dims if position[d] < len(sequences[d])):
+                    break
+                ready_s = run.end_s[index - 1] if u.step > 0 else 0.0
+                start = max([ready_s, *(free_s[d] for d in dims)])
+                run.start_s[index] = start
+                run.end_s[index] = start + u.duration_s
+                for d in dims:
+                    free_s[d] = run.end_s[index]
+                    position[d] += 1
+                    run.sequences[d].append(index)
+                done[index] = True
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            raise ScheduleError("the per-dimension sequences deadlock: they contradict the chunks' op order")
