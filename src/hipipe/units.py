@@ -53,7 +53,7 @@ _TIME_FACTORS_S: dict[str, float] = {
     "ns": 1e-9,
 }
 
-_NUMBER_UNIT = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Zµ/]*)\s*$")
+_NUMBER_UNIT = re.compile(r"^\s*([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Zµ/]*)\s*$")
 
 
 def _split(text: str, what: str) -> tuple[float, str]:
@@ -104,6 +104,8 @@ def parse_time_s(text: str) -> float:
     number, unit = _split(text, "latency")
     if unit not in _TIME_FACTORS_S:
         raise HipipeError(f"unknown time unit {unit!r} in {text!r} (use ns, us, ms, s)")
+    if number < 0:
+        raise HipipeError(f"latency must be >= 0, got {text!r}")
     return number * _TIME_FACTORS_S[unit]
 
 

@@ -1,0 +1,1 @@
+"""Reports: terminal tables, Gantt charts and plots (PNG), JSON for machines."""

@@ -1,0 +1,57 @@
+"""Render a schedule's ``info`` (what its planner decided and why) as readable text.
+
+Generic on purpose: the report never knows which planner made a schedule, so planners
+explain themselves through JSON-serializable ``info`` and this module only lays it out.
+"""
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from hipipe.cost import lower_bound_s
+from hipipe.schedule import Schedule
+from hipipe.units import format_time
+
+
+def _format_value(key: str, value: Any) -> str:
+    if isinstance(value, float):
+        if key.endswith("_s"):
+            return format_time(value)
+        return f"{value:.6g}"
+    return str(value)
+
+
+def _lines(value: Any, key: str, indent: int) -> list[str]:
+    pad = "  " * indent
+    if isinstance(value, Mapping):
+        out = [f"{pad}{key}:"] if key else []
+        for k, v in value.items():
+            out.extend(_lines(v, str(k), indent + (1 if key else 0)))
+        return out
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        if len(value) > 0 and all(isinstance(v, Mapping) for v in value):
+            out = [f"{pad}{key}:"]
+            for item in value:
+                out.append(pad + "  - " + ", ".join(f"{k}={_format_value(k, v)}" for k, v in item.items()))
+            return out
+        return [f"{pad}{key}: {', '.join(_format_value(key, v) for v in value)}"]
+    return [f"{pad}{key}: {_format_value(key, value)}"]
+
+
+def explain(schedule: Schedule) -> str:
+    """Header with the bounds, then the planner's own ``info``."""
+    bound_s = lower_bound_s(schedule.topology, schedule.message_bytes)
+    header = [
+        f"{schedule.planner}: {schedule.num_chunks} chunks, makespan {format_time(schedule.makespan_s)}",
+        f"lower bound T* {format_time(bound_s)}, utilization {bound_s / schedule.makespan_s:.2%}",
+        "chunks (size, order):",
+    ]
+    shown = schedule.chunks[:16]
+    for chunk in shown:
+        order = " -> ".join("+".join(str(k) for k in group) for group in chunk.order)
+        header.append(f"  {chunk.index:3d}: {chunk.size_bytes:14.1f} B  dims {order}")
+    if len(schedule.chunks) > len(shown):
+        header.append(f"  ... {len(schedule.chunks) - len(shown)} more")
+    if schedule.info:
+        header.append("planner decisions:")
+        header.extend(_lines(dict(schedule.info), "", 1))
+    return "\n".join(header)
