@@ -350,6 +350,7 @@ class _Violation(Exception):
 class _ChunkRun:
     """Mutable symbolic state of one chunk on every rank."""
 
+    chunk: int
     units: int
     pieces: list[Piece]
     held: list[list[Segment]]
@@ -366,7 +367,7 @@ def _execute_symbolically(schedule: Schedule, problems: _Problems, *, tol_s: flo
     groups_by_dims: dict[DimGroup, list[list[int]]] = {}
     for chunk in schedule.chunks:
         ops = schedule.chunk_ops(chunk.index)
-        run = _new_chunk_run(schedule.topology, ops)
+        run = _new_chunk_run(schedule.topology, chunk.index, ops)
         try:
             for op in _start_order(ops, tol_s):
                 _deliver_if_done(run, op, tol_s)
@@ -377,13 +378,14 @@ def _execute_symbolically(schedule: Schedule, problems: _Problems, *, tol_s: flo
             _deliver_if_done(run, None, tol_s)
             _check_final(run, schedule.topology.num_npus)
         except _Violation as exc:
-            problems.add(f"symbolic run: chunk {chunk.index}: {exc}")
+            problems.add(f"symbolic run: {exc}")
 
 
-def _new_chunk_run(topology: Topology, ops: Sequence[Op]) -> _ChunkRun:
+def _new_chunk_run(topology: Topology, chunk: int, ops: Sequence[Op]) -> _ChunkRun:
     units = math.prod(_group_size(topology, op.dims) for op in ops)
     num_npus = topology.num_npus
     return _ChunkRun(
+        chunk=chunk,
         units=units,
         pieces=[(0, units)] * num_npus,
         held=[[(0, units, 1 << rank)] for rank in range(num_npus)],
@@ -568,7 +570,9 @@ def _check_final(run: _ChunkRun, num_npus: int) -> None:
             covered = sum(hi - lo for lo, hi, _ in segments)
             if covered != run.units:
                 missing.insert(0, f"it holds only {_segments_text(run, segments)}")
-            raise _Violation(f"at the end rank {rank} does not hold the full sum: {'; '.join(missing)}")
+            raise _Violation(
+                f"chunk {run.chunk}: at the end rank {rank} does not hold the full sum: {'; '.join(missing)}"
+            )
 
 
 # ---------------------------------------------------------------- words
