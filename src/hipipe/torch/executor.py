@@ -1,0 +1,380 @@
+"""Run a :class:`~hipipe.schedule.Schedule` for real: :class:`HierarchicalAllReduce`.
+
+Each dim walks its sequence in the schedule's order, in its own thread, concurrently
+with the other dims (Gloo runs ops on different process groups in parallel); an op
+starts only when its chunk's previous op has finished on this rank. Every rank runs
+the same schedule, so the ranks of a group meet in the same ops in the same order.
+
+An op over several dims (the flat ``ring`` baseline) sits in the sequence of each of
+them: the thread of its lowest dim runs it once the other dims' threads have reached
+it, and those wait for it to end, as the simulator's ``fixed`` policy times it.
+
+Chunk byte sizes become element ranges by rounding the cumulative byte offsets to
+whole elements (:func:`element_bounds`): boundaries are monotone and the ranges
+partition the tensor exactly, whatever the dtype, length or chunk sizes. Inside an op,
+the current piece is split into n near-equal parts (:func:`~hipipe.torch.collectives.split`).
+"""
+
+import dataclasses
+import hashlib
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from hipipe.errors import HipipeError, ScheduleError
+from hipipe.schedule import DimGroup, Op, Phase, Schedule, validate_layout
+from hipipe.torch.collectives import (
+    ReduceOp,
+    check_dtype,
+    ring_all_gather,
+    ring_reduce_scatter,
+    split,
+)
+from hipipe.torch.groups import (
+    DEFAULT_TIMEOUT_S,
+    Ring,
+    add_missing_rings,
+    layout_rank,
+    mesh_rank,
+    rings_for_layout,
+    rings_from_mesh,
+)
+
+
+class CollectiveError(HipipeError):
+    """The AllReduce failed or timed out on this rank (a peer died, a mismatch, a timeout)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OpTiming:
+    """When one op ran on one rank, relative to the start of :meth:`HierarchicalAllReduce.run`."""
+
+    index: int
+    start_s: float
+    end_s: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Trace:
+    """Measured op times of one run on one rank (``ops[i]`` is op ``i``)."""
+
+    rank: int
+    ops: tuple[OpTiming, ...]
+    total_s: float
+
+
+def element_bounds(schedule: Schedule, numel: int) -> list[int]:
+    """Element index where each chunk starts, plus ``numel`` at the end.
+
+    Cumulative byte offsets scaled to the tensor's length and rounded, so chunks of any
+    float size map to whole elements, no element is lost or counted twice, and every
+    rank computes the same split.
+    """
+    total_bytes = sum(c.size_bytes for c in schedule.chunks)
+    bounds = [0]
+    cumulative_bytes = 0.0
+    for chunk in schedule.chunks[:-1]:
+        cumulative_bytes += chunk.size_bytes
+        at = round(cumulative_bytes * numel / total_bytes) if total_bytes > 0 else 0
+        bounds.append(min(numel, max(bounds[-1], at)))
+    bounds.append(numel)
+    return bounds
+
+
+def trace_to_schedule(schedule: Schedule, trace: Trace) -> Schedule:
+    """The schedule with measured op times, so a Gantt chart can draw it beside the plan."""
+    if len(trace.ops) != len(schedule.ops):
+        raise ScheduleError(f"the trace has {len(trace.ops)} ops, the schedule {len(schedule.ops)}")
+    ops = tuple(
+        dataclasses.replace(op, start_s=t.start_s, end_s=t.end_s)
+        for op, t in zip(schedule.ops, trace.ops, strict=True)
+    )
+    return dataclasses.replace(
+        schedule,
+        ops=ops,
+        makespan_s=max((t.end_s for t in trace.ops), default=0.0),
+        info={**dict(schedule.info), "measured": True, "rank": trace.rank},
+    )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _OpPlan:
+    """What this rank does for one op: the element range on the op's wide side."""
+
+    op: Op
+    ring: Ring
+    start: int
+    stop: int
+
+
+class _Progress:
+    """Shared state of one run: done flags, arrivals at multi-dim ops, the first error."""
+
+    def __init__(self, num_ops: int, deadline_s: float) -> None:
+        self.cond = threading.Condition()
+        self.done = [False] * num_ops
+        self.arrived = [0] * num_ops
+        self.error: BaseException | None = None
+        self.finished_dims = 0
+        self.waiting_on: dict[int, str] = {}
+        self.deadline_s = deadline_s
+
+    def wait_for(self, dim: int, what: str, ready: Any) -> None:
+        """Block until ``ready()``; raise if another thread failed or the deadline passed."""
+        with self.cond:
+            self.waiting_on[dim] = what
+            while not ready():
+                if self.error is not None:
+                    raise _Aborted
+                remaining_s = self.deadline_s - time.monotonic()
+                if remaining_s <= 0:
+                    raise TimeoutError(f"waited for {what}")
+                self.cond.wait(remaining_s)
+            self.waiting_on.pop(dim, None)
+
+    def update(self, change: Any) -> None:
+        with self.cond:
+            change()
+            self.cond.notify_all()
+
+
+class _Aborted(Exception):
+    """Another dim's thread failed first; this one just stops."""
+
+
+def _describe(op: Op) -> str:
+    return f"op {op.index} (chunk {op.chunk} step {op.step}: {op.phase.value} on dims {op.dims})"
+
+
+class HierarchicalAllReduce:
+    """In-place AllReduce of a flat tensor that follows one schedule, on every rank.
+
+    Give either a ``DeviceMesh`` whose mesh dim k is topology dim k, or ``groups``: one
+    process group per dim in the topology layout (dim 0 fastest; see
+    :func:`~hipipe.torch.groups.dimension_groups`), or a mapping from dim groups to
+    process groups. Groups for multi-dim ops missing from them are created here, which
+    is collective: construct the executor on every rank with the same schedule. The
+    constructor also checks that all ranks hold the same schedule, so a mismatch fails
+    at once on every rank instead of deadlocking later.
+    """
+
+    def __init__(
+        self,
+        mesh: Any | None,
+        schedule: Schedule,
+        *,
+        groups: Sequence[Any] | Mapping[DimGroup, Any] | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        backend: str | None = None,
+        check_peers: bool = True,
+    ) -> None:
+        validate_layout(schedule)
+        if (mesh is None) == (groups is None):
+            raise HipipeError("give either a DeviceMesh or the per-dimension process groups, not both")
+        if timeout_s <= 0:
+            raise HipipeError(f"timeout must be positive, got {timeout_s}")
+        sizes = schedule.topology.sizes
+        rank_at: Callable[[tuple[int, ...]], int]
+        if mesh is not None:
+            rings = rings_from_mesh(mesh, sizes)
+            rank_at = mesh_rank(mesh)
+        else:
+            assert groups is not None
+            rings = rings_for_layout(sizes, dict(groups) if isinstance(groups, Mapping) else list(groups))
+            rank_at = layout_rank(sizes)
+        needed = sorted({tuple(sorted(g)) for c in schedule.chunks for g in c.order})
+        self.rings: dict[DimGroup, Ring] = add_missing_rings(
+            rings, needed, sizes, rank_at, backend=backend, timeout_s=timeout_s
+        )
+        missing = [g for g in needed if g not in self.rings]
+        if missing:
+            raise HipipeError(f"no process group for dims {missing[0]}")
+        self.schedule = schedule
+        self.timeout_s = timeout_s
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        self._runs = 0
+        self._plans: dict[int, list[_OpPlan]] = {}
+        if check_peers:
+            self._check_same_schedule()
+
+    def _check_same_schedule(self) -> None:
+        """All ranks must run the same schedule; compare a digest over the world."""
+        digest = hashlib.sha256(self.schedule.to_json().encode()).digest()
+        mine = torch.tensor([int.from_bytes(digest[:7], "little")], dtype=torch.int64)
+        everyone = [torch.zeros_like(mine) for _ in range(self.world_size)]
+        dist.all_gather(everyone, mine)
+        differ = [r for r, t in enumerate(everyone) if int(t.item()) != int(mine.item())]
+        if differ:
+            raise HipipeError(
+                f"rank {self.rank}: ranks {differ} hold a different schedule; every rank must run the same one"
+            )
+
+    def _op_plans(self, numel: int) -> list[_OpPlan]:
+        """Per op, this rank's element range on its wide side (cached per tensor length)."""
+        if numel in self._plans:
+            return self._plans[numel]
+        bounds = element_bounds(self.schedule, numel)
+        plans: list[_OpPlan | None] = [None] * len(self.schedule.ops)
+        for chunk in self.schedule.chunks:
+            pieces = [(bounds[chunk.index], bounds[chunk.index + 1])]
+            for group in chunk.order:
+                ring = self.rings[tuple(sorted(group))]
+                pieces.append(split(*pieces[-1], ring.size)[ring.position])
+            levels = len(chunk.order)
+            for op in self.schedule.chunk_ops(chunk.index):
+                level = op.step if op.phase is Phase.RS else 2 * levels - 1 - op.step
+                ring = self.rings[tuple(sorted(op.dims))]
+                plans[op.index] = _OpPlan(op=op, ring=ring, start=pieces[level][0], stop=pieces[level][1])
+        assert all(p is not None for p in plans)
+        self._plans[numel] = [p for p in plans if p is not None]
+        return self._plans[numel]
+
+    def run(
+        self, tensor: torch.Tensor, op: ReduceOp | str = ReduceOp.SUM, trace: bool = False
+    ) -> Trace | None:
+        """AllReduce ``tensor`` in place across all ranks; return a :class:`Trace` if asked."""
+        try:
+            op = ReduceOp(op)
+        except ValueError:
+            raise HipipeError(
+                f"unknown reduce op {op!r} (use {', '.join(o.value for o in ReduceOp)})"
+            ) from None
+        check_dtype(tensor.dtype, op)
+        if not tensor.is_contiguous():
+            raise HipipeError("the tensor must be contiguous (it is reduced in place)")
+        size_bytes = tensor.numel() * tensor.element_size()
+        if size_bytes != self.schedule.message_bytes:
+            raise HipipeError(
+                f"the schedule was planned for {self.schedule.message_bytes} bytes,"
+                f" the tensor has {size_bytes} bytes ({tensor.numel()} x {tensor.dtype})"
+            )
+        flat = tensor.view(-1)
+        plans = self._op_plans(flat.numel())
+        stride = self.world_size
+        tag_offset = (self._runs % 2) * len(plans) * stride
+        self._runs += 1
+        t0 = time.perf_counter()
+        progress = _Progress(len(plans), time.monotonic() + self.timeout_s)
+        starts = [0.0] * len(plans)
+        ends = [0.0] * len(plans)
+        failure: list[str] = []
+
+        def walk(dim: int) -> None:
+            current: Op | None = None
+            try:
+                for index in self.schedule.sequences[dim]:
+                    plan = plans[index]
+                    current = plan.op
+                    owner = min(current.dims)
+                    if dim != owner:
+                        progress.update(
+                            lambda i=index: progress.arrived.__setitem__(i, progress.arrived[i] + 1)
+                        )
+                        progress.wait_for(
+                            dim, f"{_describe(current)} to end", lambda i=index: progress.done[i]
+                        )
+                        continue
+                    if current.step > 0:
+                        progress.wait_for(
+                            dim,
+                            f"op {index - 1} before {_describe(current)}",
+                            lambda i=index: progress.done[i - 1],
+                        )
+                    others = len(current.dims) - 1
+                    if others:
+                        progress.wait_for(
+                            dim,
+                            f"dims {current.dims} to reach {_describe(current)}",
+                            lambda i=index, n=others: progress.arrived[i] >= n,
+                        )
+                    starts[index] = time.perf_counter() - t0
+                    remaining_s = progress.deadline_s - time.monotonic()
+                    if remaining_s <= 0:
+                        raise TimeoutError("no time left")
+                    tag_base = tag_offset + index * stride
+                    if current.phase is Phase.RS:
+                        ring_reduce_scatter(
+                            flat,
+                            plan.ring,
+                            start=plan.start,
+                            stop=plan.stop,
+                            op=op,
+                            tag_base=tag_base,
+                            timeout_s=remaining_s,
+                        )
+                    else:
+                        ring_all_gather(
+                            flat,
+                            plan.ring,
+                            start=plan.start,
+                            stop=plan.stop,
+                            tag_base=tag_base,
+                            timeout_s=remaining_s,
+                        )
+                    ends[index] = time.perf_counter() - t0
+                    progress.update(lambda i=index: progress.done.__setitem__(i, True))
+            except _Aborted:
+                pass
+            except BaseException as exc:
+                where = _describe(current) if current is not None else f"dim {dim}"
+                message = f"rank {self.rank}: {where} failed: {type(exc).__name__}: {_one_line(exc)}"
+
+                error = exc
+
+                def record() -> None:
+                    if progress.error is None:
+                        progress.error = error
+                        failure.append(message)
+
+                progress.update(record)
+            finally:
+                progress.update(lambda: setattr(progress, "finished_dims", progress.finished_dims + 1))
+
+        threads = [
+            threading.Thread(target=walk, args=(k,), name=f"hipipe-dim{k}", daemon=True)
+            for k in range(len(self.schedule.sequences))
+        ]
+        for thread in threads:
+            thread.start()
+        with progress.cond:
+            while progress.finished_dims < len(threads) and progress.error is None:
+                remaining_s = progress.deadline_s - time.monotonic()
+                if remaining_s <= 0:
+                    waits = "; ".join(
+                        f"dim {k} waits for {w}" for k, w in sorted(progress.waiting_on.items())
+                    )
+                    raise CollectiveError(
+                        f"rank {self.rank}: AllReduce timed out after {self.timeout_s:g} s ({waits or 'in transfer'})"
+                    )
+                progress.cond.wait(remaining_s + 0.05)
+            if progress.error is not None:
+                raise CollectiveError(failure[0]) from progress.error
+        for thread in threads:
+            thread.join()
+        if op is ReduceOp.AVG:
+            flat.div_(self.world_size)
+        total_s = time.perf_counter() - t0
+        if not trace:
+            return None
+        return Trace(
+            rank=self.rank,
+            ops=tuple(OpTiming(index=i, start_s=starts[i], end_s=ends[i]) for i in range(len(plans))),
+            total_s=total_s,
+        )
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else ""
+
+
+def timeout_delta(timeout_s: float) -> timedelta:
+    """``init_process_group`` and groups take a timedelta; hipipe speaks seconds."""
+    return timedelta(seconds=timeout_s)
