@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from hipipe.errors import HipipeError
 from hipipe.planners.baselines import plan_hierarchical, plan_pipelined, plan_ring, plan_themis
+from hipipe.planners.hipipe import plan_hipipe, plan_hipipe_fixed_order, plan_hipipe_k64, plan_hipipe_uniform
 from hipipe.schedule import Schedule
 from hipipe.topology import Topology
 
@@ -44,6 +45,30 @@ PLANNERS: dict[str, PlannerSpec] = {
             function=plan_themis,
             description="Themis: greedy orders, K=64, smallest-chunk-first",
             baseline=True,
+        ),
+        PlannerSpec(
+            name="hipipe",
+            function=plan_hipipe,
+            description="HiPIPE: order mix, LP chunk sizes, searched K",
+            baseline=False,
+        ),
+        PlannerSpec(
+            name="hipipe-uniform",
+            function=plan_hipipe_uniform,
+            description="ablation: hipipe with uniform chunk sizes",
+            baseline=False,
+        ),
+        PlannerSpec(
+            name="hipipe-k64",
+            function=plan_hipipe_k64,
+            description="ablation: hipipe with K fixed to 64",
+            baseline=False,
+        ),
+        PlannerSpec(
+            name="hipipe-fixed-order",
+            function=plan_hipipe_fixed_order,
+            description="ablation: hipipe with ascending order only",
+            baseline=False,
         ),
     )
 }

@@ -1,0 +1,167 @@
+"""The ``hipipe`` planner and its ablations, with the registry signature.
+
+Each one runs the search (:mod:`.search`), then hands the winning chunks and sequences
+to the simulator with the ``fixed`` policy: the simulator, not the LP, is the source of
+the reported makespan, and the two must agree (else the LP was wrong: we raise).
+"""
+
+from collections import defaultdict
+from typing import Any
+
+from hipipe.bounds import order_mix
+from hipipe.cost import lower_bound_s
+from hipipe.errors import HipipeError, SolverError
+from hipipe.planners.hipipe.search import (
+    CHUNK_LADDER,
+    Candidate,
+    SearchLog,
+    SearchOptions,
+    drop_empty_chunks,
+    search,
+    time_unit_s,
+)
+from hipipe.planners.hipipe.structure import to_chunks
+from hipipe.schedule import Schedule
+from hipipe.simulator import Policy, simulate_chunks
+from hipipe.topology import Topology
+
+AGREEMENT_RELATIVE = 1e-6
+"""LP makespan and simulated makespan must agree to this (HiGHS' tolerances are far tighter)."""
+
+ABLATION_NUM_CHUNKS = 64
+"""``hipipe-k64`` fixes K to the baselines' usual split count."""
+
+
+def _plan(
+    topology: Topology,
+    message_bytes: int,
+    *,
+    planner: str,
+    options: SearchOptions,
+    num_chunks: int | None,
+) -> Schedule:
+    if not message_bytes > 0:
+        raise HipipeError(f"message size must be positive, got {message_bytes}")
+    if num_chunks is not None:
+        if num_chunks < 1:
+            raise HipipeError(f"the number of chunks must be >= 1, got {num_chunks}")
+        options = SearchOptions(
+            chunk_counts=(num_chunks,),
+            lp_sizes=options.lp_sizes,
+            ascending_only=options.ascending_only,
+            baseline_seeds=options.baseline_seeds,
+            max_rounds=options.max_rounds,
+            patience=options.patience,
+        )
+    mix = order_mix(topology)
+    log = SearchLog()
+    best, baselines = search(topology, message_bytes, mix, options=options, log=log)
+    if options.lp_sizes:
+        unit_s = time_unit_s(topology, message_bytes, mix)
+        best = drop_empty_chunks(topology, message_bytes, best, unit_s=unit_s, log=log)
+    schedule = simulate_chunks(
+        topology,
+        message_bytes,
+        to_chunks(best.structure.orders, best.sizes_bytes),
+        policy=Policy.FIXED,
+        sequences=best.structure.sequences,
+        planner=planner,
+    )
+    lp_s = best.lp_makespan_s
+    if lp_s is not None and abs(schedule.makespan_s - lp_s) > AGREEMENT_RELATIVE * schedule.makespan_s:
+        raise SolverError(
+            f"the chunk-size LP predicted {lp_s:.9g} s but the simulator times its plan at "
+            f"{schedule.makespan_s:.9g} s: the LP solution is not trustworthy"
+        )
+    info = _info(topology, message_bytes, schedule, best, mix_orders=mix, baselines=baselines, log=log)
+    return Schedule(
+        topology=schedule.topology,
+        message_bytes=schedule.message_bytes,
+        planner=schedule.planner,
+        chunks=schedule.chunks,
+        ops=schedule.ops,
+        sequences=schedule.sequences,
+        makespan_s=schedule.makespan_s,
+        info=info,
+    )
+
+
+def _info(
+    topology: Topology,
+    message_bytes: int,
+    schedule: Schedule,
+    best: Candidate,
+    *,
+    mix_orders: Any,
+    baselines: dict[str, float],
+    log: SearchLog,
+) -> dict[str, Any]:
+    """Why the schedule looks the way it does; plain JSON types only."""
+    t_star = lower_bound_s(topology, message_bytes)
+    t_mix = mix_orders.time_per_byte_s * message_bytes
+    used: dict[tuple[int, ...], list[float]] = defaultdict(lambda: [0, 0.0])
+    for chunk in schedule.chunks:
+        entry = used[chunk.dims_order()]
+        entry[0] += 1
+        entry[1] += chunk.size_bytes / message_bytes
+    makespan = schedule.makespan_s
+    lp_s = best.lp_makespan_s
+    return {
+        "num_chunks": schedule.num_chunks,
+        "structure_source": best.structure.source,
+        "candidates": log.tried,
+        "order_mix": [
+            {"order": list(order), "weight": weight}
+            for order, weight in zip(mix_orders.orders, mix_orders.weights, strict=True)
+        ],
+        "orders_used": [
+            {"order": list(order), "chunks": int(count), "fraction_of_bytes": fraction}
+            for order, (count, fraction) in sorted(used.items(), key=lambda item: -item[1][1])
+        ],
+        "lp_makespan_s": lp_s,
+        "simulated_makespan_s": makespan,
+        "lp_vs_simulated_relative": None if lp_s is None else abs(makespan - lp_s) / makespan,
+        "lower_bound_s": t_star,
+        "order_mix_bound_s": t_mix,
+        "utilization": t_star / makespan,
+        "utilization_of_mix_bound": t_mix / makespan,
+        "baselines_makespan_s": baselines,
+        "lp_solves": log.lp_solves,
+        "simplex_iterations": log.simplex_iterations,
+    }
+
+
+def plan_hipipe(topology: Topology, message_bytes: int, *, num_chunks: int | None = None) -> Schedule:
+    """HiPIPE: fluid order mix, list-scheduled sequences, LP chunk sizes, searched K, baseline seeds."""
+    return _plan(topology, message_bytes, planner="hipipe", options=SearchOptions(), num_chunks=num_chunks)
+
+
+def plan_hipipe_uniform(topology: Topology, message_bytes: int, *, num_chunks: int | None = None) -> Schedule:
+    """Ablation: as ``hipipe`` but every chunk the same size (no sizing LP, no seeds)."""
+    options = SearchOptions(lp_sizes=False, baseline_seeds=False)
+    return _plan(topology, message_bytes, planner="hipipe-uniform", options=options, num_chunks=num_chunks)
+
+
+def plan_hipipe_k64(topology: Topology, message_bytes: int, *, num_chunks: int | None = None) -> Schedule:
+    """Ablation: as ``hipipe`` but K fixed to 64 (no chunk-number search, no seeds)."""
+    options = SearchOptions(chunk_counts=(num_chunks or ABLATION_NUM_CHUNKS,), baseline_seeds=False)
+    return _plan(topology, message_bytes, planner="hipipe-k64", options=options, num_chunks=None)
+
+
+def plan_hipipe_fixed_order(
+    topology: Topology, message_bytes: int, *, num_chunks: int | None = None
+) -> Schedule:
+    """Ablation: as ``hipipe`` but every chunk in ascending order (no order mix, no seeds)."""
+    options = SearchOptions(ascending_only=True, baseline_seeds=False)
+    return _plan(
+        topology, message_bytes, planner="hipipe-fixed-order", options=options, num_chunks=num_chunks
+    )
+
+
+__all__ = [
+    "CHUNK_LADDER",
+    "plan_hipipe",
+    "plan_hipipe_fixed_order",
+    "plan_hipipe_k64",
+    "plan_hipipe_uniform",
+]

@@ -1,0 +1,95 @@
+"""Per-dimension op sequences from a list scheduler (HIPIPE.md section 5, step 3).
+
+Given op durations (from the current chunk sizes), a non-delay list scheduler starts,
+on every free dimension, the waiting op with the best priority; the order in which
+each dimension started its ops is its sequence. Two rules, both cheap:
+
+- ``fifo``: the op that became ready first (ties: lower chunk) -- what the pipelined
+  baseline does, and what keeps chunks flowing in index order;
+- ``tail``: the op whose chunk has the most work left (its remaining chain), the
+  classic critical-path priority: long tails first, so nothing long starts last.
+
+This is a plain reimplementation rather than a call to the simulator because it runs
+inside the search loop on bare arrays; the simulator times the final schedule.
+"""
+
+import heapq
+from enum import StrEnum
+
+import numpy as np
+
+from hipipe.planners.hipipe.structure import OpTable
+
+
+class Rule(StrEnum):
+    FIFO = "fifo"
+    TAIL = "tail"
+
+
+def list_schedule(table: OpTable, durations_s: np.ndarray, rule: Rule) -> tuple[tuple[int, ...], ...]:
+    """Sequences of a non-delay list schedule of the chunks' chains under ``rule``."""
+    chain_length = table.chain_length
+    num_chunks = table.num_ops // chain_length if chain_length else 0
+    dims = table.dim.tolist()
+    durations = durations_s.tolist()
+    tails: list[float] = []
+    if rule is Rule.TAIL:
+        # Remaining chain work from each op on (inclusive), per chunk.
+        reshaped = durations_s.reshape(num_chunks, chain_length)
+        tails = np.cumsum(reshaped[:, ::-1], axis=1)[:, ::-1].ravel().tolist()
+    queues: list[list[tuple[float, float, int]]] = [[] for _ in range(table.num_dims)]
+    sequences: list[list[int]] = [[] for _ in range(table.num_dims)]
+
+    def enqueue(op: int, ready_s: float) -> None:
+        key = -tails[op] if rule is Rule.TAIL else ready_s
+        heapq.heappush(queues[dims[op]], (key, ready_s if rule is Rule.TAIL else 0.0, op))
+
+    for j in range(num_chunks):
+        enqueue(j * chain_length, 0.0)
+    busy = [False] * table.num_dims
+    events: list[tuple[float, int]] = []
+    now = 0.0
+    while True:
+        for k in range(table.num_dims):
+            if not busy[k] and queues[k]:
+                _, _, op = heapq.heappop(queues[k])
+                busy[k] = True
+                sequences[k].append(op)
+                heapq.heappush(events, (now + durations[op], op))
+        if not events:
+            break
+        now = events[0][0]
+        while events and events[0][0] == now:
+            _, op = heapq.heappop(events)
+            busy[dims[op]] = False
+            if (op + 1) % chain_length:
+                enqueue(op + 1, now)
+    return tuple(tuple(s) for s in sequences)
+
+
+def longest_path_s(table: OpTable, durations_s: np.ndarray, sequences: tuple[tuple[int, ...], ...]) -> float:
+    """Makespan of fixed sequences: every op starts when its chain and dim predecessors end."""
+    chain_length = table.chain_length
+    durations = durations_s.tolist()
+    end = [0.0] * table.num_ops
+    done = [False] * table.num_ops
+    position = [0] * len(sequences)
+    free = [0.0] * len(sequences)
+    remaining = table.num_ops
+    while remaining:
+        progressed = False
+        for k, sequence in enumerate(sequences):
+            while position[k] < len(sequence):
+                op = sequence[position[k]]
+                step = op % chain_length
+                if step and not done[op - 1]:
+                    break
+                start = max(free[k], end[op - 1] if step else 0.0)
+                end[op] = free[k] = start + durations[op]
+                done[op] = True
+                position[k] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            raise AssertionError("sequences deadlock: they contradict the chunks' chains")
+    return max(end, default=0.0)

@@ -1,0 +1,154 @@
+"""Chunk sizes by LP (HIPIPE.md section 5, step 4), solved with HiGHS.
+
+With orders and per-dimension sequences fixed, the makespan is an LP in the chunk
+sizes ``s_j`` and the op start times ``t_o``::
+
+    min T
+    t_q - t_p - b_p s_j(p) >= a_p     for p -> q consecutive in a chain or on a dim
+    T   - t_p - b_p s_j(p) >= a_p     for p the last op of a chunk
+    sum_j s_j = M,  s, t >= 0
+
+(op p lasts ``a_p + b_p s_j(p)``, :func:`hipipe.cost.op_time_coefficients`). Sizes are
+fractions of M and times are in units of a rough makespan, so every coefficient is
+O(1) or smaller, whatever the message (1 KiB or 64 GiB) and the link speeds.
+
+One :class:`SizingModel` serves one set of chunk orders: chain rows are built once;
+sequence rows are swapped when the sequences change, only where they differ, and
+HiGHS re-solves from the previous optimal basis (a warm start: typically a few dual
+simplex iterations instead of a cold solve).
+"""
+
+import itertools
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hipipe.bounds import new_highs, run_and_check
+from hipipe.planners.hipipe.structure import Order, op_table
+from hipipe.topology import Topology
+
+ZERO_CHUNK_FRACTION = 1e-12
+"""A chunk below this fraction of the message is empty: dropped, not paid latency for."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Sizing:
+    """An optimal LP solution for one structure."""
+
+    sizes_bytes: np.ndarray
+    makespan_s: float
+    """The LP's optimum T (not re-timed)."""
+    iterations: int
+    """Simplex iterations this solve took (small when the warm start worked)."""
+
+
+class SizingModel:
+    """The makespan LP of one set of chunk orders, kept alive across sequence changes.
+
+    Mutable on purpose: it owns a HiGHS instance whose basis is the warm start.
+    """
+
+    def __init__(
+        self,
+        topology: Topology,
+        message_bytes: float,
+        orders: tuple[Order, ...],
+        *,
+        time_unit_s: float,
+        options: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.table = op_table(topology, orders)
+        self.message_bytes = float(message_bytes)
+        self.time_unit_s = time_unit_s
+        self.num_chunks = len(orders)
+        table = self.table
+        # Scaled coefficients: duration / unit = alpha + beta * (s / M).
+        self._alpha = table.constant_s / time_unit_s
+        self._beta = table.per_chunk_byte_s * self.message_bytes / time_unit_s
+        self._solver = new_highs()
+        for name, value in (options or {}).items():
+            self._solver.setOptionValue(name, value)
+        num_cols = self.num_chunks + table.num_ops + 1
+        self._t_col = self.num_chunks
+        self._makespan_col = num_cols - 1
+        cost = np.zeros(num_cols)
+        cost[-1] = 1.0
+        lower = np.zeros(num_cols)
+        upper = np.full(num_cols, np.inf)
+        upper[: self.num_chunks] = 1.0
+        self._solver.addCols(
+            num_cols, cost, lower, upper, 0, np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0)
+        )
+        chain_length = table.chain_length
+        ops = np.arange(table.num_ops)
+        not_last = ops[(ops + 1) % chain_length != 0]
+        last = ops[(ops + 1) % chain_length == 0]
+        self._add_precedences(not_last, not_last + 1)
+        self._add_precedences(last, np.full(len(last), -1))
+        sum_row_index = np.arange(self.num_chunks, dtype=np.int32)
+        self._solver.addRows(
+            1,
+            np.ones(1),
+            np.ones(1),
+            self.num_chunks,
+            np.zeros(1, np.int32),
+            sum_row_index,
+            np.ones(self.num_chunks),
+        )
+        self._num_fixed_rows = len(not_last) + len(last) + 1
+        self._sequence_pairs: list[tuple[int, int]] = []
+
+    def _add_precedences(self, before: np.ndarray, after: np.ndarray) -> None:
+        """Rows ``t_after - t_before - beta s_chunk >= alpha``; ``after == -1`` means T."""
+        count = len(before)
+        if not count:
+            return
+        after_col = np.where(after < 0, self._makespan_col, self._t_col + after)
+        index = np.stack([after_col, self._t_col + before, self.table.chunk[before]], axis=1).ravel()
+        value = np.stack([np.ones(count), -np.ones(count), -self._beta[before]], axis=1).ravel()
+        starts = np.arange(0, 3 * count, 3, dtype=np.int32)
+        self._solver.addRows(
+            count,
+            self._alpha[before],
+            np.full(count, np.inf),
+            3 * count,
+            starts,
+            index.astype(np.int32),
+            value,
+        )
+
+    def solve(self, sequences: tuple[tuple[int, ...], ...]) -> Sizing:
+        """Optimal sizes for these sequences (warm-started from the previous solve)."""
+        chain_length = self.table.chain_length
+        wanted = {
+            (p, q)
+            for sequence in sequences
+            for p, q in itertools.pairwise(sequence)
+            if not (q == p + 1 and q % chain_length)  # already a chain row
+        }
+        current = self._sequence_pairs
+        stale = [i for i, pair in enumerate(current) if pair not in wanted]
+        if stale:
+            rows = np.array(stale, dtype=np.int32) + self._num_fixed_rows
+            self._solver.deleteRows(len(rows), rows)
+            stale_set = set(stale)
+            current = [pair for i, pair in enumerate(current) if i not in stale_set]
+        present = set(current)
+        fresh = sorted(wanted - present)
+        if fresh:
+            pairs = np.array(fresh, dtype=np.int64)
+            self._add_precedences(pairs[:, 0], pairs[:, 1])
+            current = current + fresh
+        self._sequence_pairs = current
+        run_and_check(self._solver, f"the chunk-size LP ({self.num_chunks} chunks)")
+        values = np.asarray(self._solver.getSolution().col_value)
+        fractions = np.clip(values[: self.num_chunks], 0.0, None)
+        fractions[fractions < ZERO_CHUNK_FRACTION] = 0.0
+        fractions /= fractions.sum()
+        return Sizing(
+            sizes_bytes=fractions * self.message_bytes,
+            makespan_s=float(values[self._makespan_col]) * self.time_unit_s,
+            iterations=int(self._solver.getInfo().simplex_iteration_count),
+        )

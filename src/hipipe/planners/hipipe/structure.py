@@ -1,0 +1,125 @@
+"""The discrete part of a HiPIPE plan: chunk orders and per-dimension op sequences.
+
+A :class:`Structure` fixes everything but the chunk sizes; :mod:`.sizing` then finds
+the best sizes for it by LP. Every chunk visits every dimension once, one dimension
+per op, so chunk ``j`` owns ops ``j*2D .. j*2D + 2D-1`` (the simulator's chunk-major
+numbering) and op ``j*2D + step`` runs on ``order[level(step)]``.
+"""
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from hipipe.cost import op_time_coefficients
+from hipipe.schedule import Chunk
+from hipipe.topology import Topology
+
+Order = tuple[int, ...]
+"""A permutation of the dims, in RS order (flat: one dim per op)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Structure:
+    """Chunk orders + per-dimension sequences: a schedule without sizes."""
+
+    orders: tuple[Order, ...]
+    sequences: tuple[tuple[int, ...], ...]
+    """Per dimension, op indices in execution order."""
+    source: str
+    """Where it came from: ``mix`` (the fluid LP) or a baseline's name (a seed)."""
+
+    @property
+    def num_chunks(self) -> int:
+        return len(self.orders)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OpTable:
+    """Per-op arrays of a set of chunk orders: ``duration = constant + per_byte * chunk size``."""
+
+    num_dims: int
+    dim: np.ndarray
+    """Dim each op runs on."""
+    chunk: np.ndarray
+    constant_s: np.ndarray
+    per_chunk_byte_s: np.ndarray
+    """Seconds per byte of the op's *chunk* (the op's own wide side is chunk size / prod n before)."""
+
+    @property
+    def num_ops(self) -> int:
+        return len(self.dim)
+
+    @property
+    def chain_length(self) -> int:
+        return 2 * self.num_dims
+
+    def durations_s(self, sizes_bytes: np.ndarray) -> np.ndarray:
+        return self.constant_s + self.per_chunk_byte_s * sizes_bytes[self.chunk]
+
+
+def op_table(topology: Topology, orders: tuple[Order, ...]) -> OpTable:
+    """Coefficients of every op, from :func:`hipipe.cost.op_time_coefficients` (the one formula)."""
+    num_dims = topology.num_dims
+    coefficients = [op_time_coefficients(topology, (k,)) for k in range(num_dims)]
+    dims: list[int] = []
+    shrink: list[float] = []
+    for order in orders:
+        divisors = [math.prod(topology.dims[k].size for k in order[:level]) for level in range(num_dims)]
+        levels = [*range(num_dims), *reversed(range(num_dims))]
+        dims.extend(order[level] for level in levels)
+        shrink.extend(1.0 / divisors[level] for level in levels)
+    dim = np.array(dims, dtype=np.int64)
+    constant = np.array([c for c, _ in coefficients])[dim] if dims else np.zeros(0)
+    per_byte = np.array([b for _, b in coefficients])[dim] * np.array(shrink) if dims else np.zeros(0)
+    return OpTable(
+        num_dims=num_dims,
+        dim=dim,
+        chunk=np.repeat(np.arange(len(orders)), 2 * num_dims),
+        constant_s=constant,
+        per_chunk_byte_s=per_byte,
+    )
+
+
+def assign_orders(
+    orders: tuple[Order, ...], weights: tuple[float, ...], num_chunks: int
+) -> tuple[Order, ...]:
+    """Spread ``num_chunks`` chunks over the mix's orders, interleaved, most-behind first.
+
+    Chunk j takes the order whose share of chunks so far lags its weight the most, so
+    every order appears early (each dimension gets work from the first op) and the
+    orders stay interleaved to the end. With fewer chunks than orders the heaviest win.
+    """
+    counts = [0] * len(orders)
+    out: list[Order] = []
+    for j in range(num_chunks):
+        lag = [weights[i] * (j + 1) - counts[i] for i in range(len(orders))]
+        best = max(range(len(orders)), key=lambda i: (lag[i], weights[i], -i))
+        counts[best] += 1
+        out.append(orders[best])
+    return tuple(out)
+
+
+def to_chunks(orders: tuple[Order, ...], sizes_bytes: np.ndarray) -> list[Chunk]:
+    return [
+        Chunk(index=j, size_bytes=float(sizes_bytes[j]), order=tuple((k,) for k in order))
+        for j, order in enumerate(orders)
+    ]
+
+
+def without_chunks(structure: Structure, drop: set[int]) -> Structure:
+    """The structure with chunks ``drop`` removed, ops renumbered, sequences kept in order."""
+    chain_length = 2 * len(structure.sequences)
+    kept = [j for j in range(structure.num_chunks) if j not in drop]
+    new_index = {j: i for i, j in enumerate(kept)}
+    sequences = tuple(
+        tuple(
+            new_index[op // chain_length] * chain_length + op % chain_length
+            for op in sequence
+            if op // chain_length in new_index
+        )
+        for sequence in structure.sequences
+    )
+    return Structure(
+        orders=tuple(structure.orders[j] for j in kept), sequences=sequences, source=structure.source
+    )
