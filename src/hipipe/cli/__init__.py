@@ -19,6 +19,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "compare",
     "simulate",
     "check",
+    "run",
 )
 """Subcommands in the order ``hipipe --help`` lists them."""
 
