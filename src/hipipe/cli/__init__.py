@@ -40,7 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit code (tests call it in-process)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse already printed usage and the error
+        return int(exc.code or 0)
     if getattr(args, "func", None) is None:
         parser.print_help(sys.stderr)
         return EXIT_USER_ERROR

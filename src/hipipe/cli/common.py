@@ -1,0 +1,57 @@
+"""Arguments and output helpers shared by the subcommands."""
+
+import argparse
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from hipipe.errors import HipipeError
+from hipipe.presets import DEFAULT_PRESET
+from hipipe.topology import Topology
+from hipipe.topology_io import load_topology
+
+TOPOLOGY_HELP = (
+    "preset name (see `hipipe topologies`), one-line spec such as "
+    "'ring:4:100GB/s:1us,switch:8:50GB/s:2us', or a hipipe / ASTRA-sim YAML file"
+)
+
+
+def add_topology_argument(parser: argparse.ArgumentParser, *, optional: bool) -> None:
+    if optional:
+        parser.add_argument(
+            "topology", nargs="?", default=DEFAULT_PRESET, help=f"{TOPOLOGY_HELP} (default: {DEFAULT_PRESET})"
+        )
+    else:
+        parser.add_argument("topology", help=TOPOLOGY_HELP)
+
+
+def topology_from_args(args: argparse.Namespace) -> Topology:
+    return load_topology(args.topology)
+
+
+MIN_PIPE_WIDTH = 120
+"""Tables written to a pipe or file get this width instead of rich's 80 columns."""
+
+
+def stdout_console() -> Console:
+    if sys.stdout.isatty():
+        return Console(file=sys.stdout, highlight=False)
+    return Console(file=sys.stdout, highlight=False, width=MIN_PIPE_WIDTH)
+
+
+def stderr_console() -> Console:
+    return Console(file=sys.stderr, highlight=False)
+
+
+def check_output_path(path: str | None, *, suffix: str | None = None) -> Path | None:
+    """Refuse an output path whose folder does not exist before doing any work."""
+    if path is None or path == "-":
+        return None
+    target = Path(path)
+    folder = target.parent if str(target.parent) else Path(".")
+    if not folder.is_dir():
+        raise HipipeError(f"cannot write {path!r}: folder {str(folder)!r} does not exist")
+    if suffix is not None and target.suffix.lower() != suffix:
+        raise HipipeError(f"{path!r}: expected a {suffix} file")
+    return target

@@ -1,0 +1,48 @@
+"""``hipipe plan``: one planner, one message; schedule JSON, Gantt chart, explanation."""
+
+import argparse
+
+from hipipe.cli.common import add_topology_argument, check_output_path, stdout_console, topology_from_args
+from hipipe.files import atomic_write_text
+from hipipe.planners import PLANNERS, plan
+from hipipe.report.explain import explain
+from hipipe.report.gantt import write_gantt
+from hipipe.report.table import schedule_summary
+from hipipe.units import parse_size_bytes
+
+
+def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    parser = subparsers.add_parser("plan", help="plan one AllReduce and write its schedule")
+    add_topology_argument(parser, optional=False)
+    parser.add_argument("--size", required=True, help="message size, e.g. 64MiB or 1GB")
+    parser.add_argument(
+        "--planner", default="hipipe", help=f"one of: {', '.join(PLANNERS)} (default: hipipe)"
+    )
+    parser.add_argument("--chunks", type=int, default=None, help="force the number of chunks")
+    parser.add_argument("--json", metavar="FILE", help="write the schedule as JSON ('-' for stdout)")
+    parser.add_argument("--gantt", metavar="FILE.png", help="write a Gantt chart of the schedule")
+    parser.add_argument("--explain", action="store_true", help="print what the planner decided and why")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    topology = topology_from_args(args)
+    size_bytes = parse_size_bytes(args.size)
+    json_path = check_output_path(args.json, suffix=None)
+    gantt_path = check_output_path(args.gantt, suffix=".png")
+    schedule = plan(topology, size_bytes, args.planner, num_chunks=args.chunks)
+    if args.json == "-":
+        print(schedule.to_json(), end="")
+        return 0
+    if json_path is not None:
+        atomic_write_text(json_path, schedule.to_json())
+    if gantt_path is not None:
+        write_gantt(gantt_path, [("plan", schedule)])
+    console = stdout_console()
+    console.print(schedule_summary(schedule))
+    if args.explain:
+        console.print(explain(schedule))
+    for label, path in (("schedule", json_path), ("gantt chart", gantt_path)):
+        if path is not None:
+            console.print(f"wrote {label} to {path}")
+    return 0

@@ -1,0 +1,78 @@
+"""Terminal tables (rich) for comparisons and single plans."""
+
+from rich.console import Console
+from rich.table import Table
+
+from hipipe.compare import Comparison
+from hipipe.cost import lower_bound_s
+from hipipe.schedule import Schedule
+from hipipe.units import format_size, format_time
+
+
+def _utilization_style(value: float) -> str:
+    if value >= 0.9:
+        return "bold green"
+    if value >= 0.6:
+        return "yellow"
+    return "red"
+
+
+def comparison_tables(comparison: Comparison) -> list[Table]:
+    """One table per message size: time, utilization, speed-up vs the slowest planner."""
+    tables = []
+    for bound in comparison.bounds:
+        rows = comparison.for_size(bound.size_bytes)
+        slowest_s = max(r.time_s for r in rows)
+        fastest_s = min(r.time_s for r in rows)
+        table = Table(
+            title=(
+                f"{comparison.topology.label()} · {format_size(bound.size_bytes)} · "
+                f"T* {format_time(bound.lower_bound_s)} · T_mix {format_time(bound.order_mix_bound_s)}"
+            ),
+            title_justify="left",
+        )
+        table.add_column("planner", no_wrap=True)
+        table.add_column("time", justify="right")
+        table.add_column("T*/T", justify="right")
+        table.add_column("T_mix/T", justify="right")
+        table.add_column("speed-up", justify="right")
+        table.add_column("chunks", justify="right")
+        table.add_column("plan time", justify="right")
+        for r in rows:
+            best = r.time_s == fastest_s
+            table.add_row(
+                f"[bold]{r.planner}[/bold]" if best else r.planner,
+                f"[bold]{format_time(r.time_s)}[/bold]" if best else format_time(r.time_s),
+                f"[{_utilization_style(r.utilization)}]{r.utilization:.1%}[/]",
+                f"{r.mix_utilization:.1%}",
+                f"{slowest_s / r.time_s:.2f}x",
+                str(r.num_chunks),
+                format_time(r.plan_time_s),
+            )
+        tables.append(table)
+    return tables
+
+
+def print_comparison(comparison: Comparison, console: Console) -> None:
+    console.print(comparison.topology.describe(), style="dim")
+    for table in comparison_tables(comparison):
+        console.print(table)
+
+
+def schedule_summary(schedule: Schedule) -> Table:
+    """Key numbers of one schedule."""
+    bound_s = lower_bound_s(schedule.topology, schedule.message_bytes)
+    table = Table(show_header=False, title=f"{schedule.planner} plan", title_justify="left")
+    table.add_column("what")
+    table.add_column("value")
+    table.add_row("topology", f"{schedule.topology.label()} ({schedule.topology.num_npus} NPUs)")
+    table.add_row("message", format_size(schedule.message_bytes))
+    table.add_row("chunks", str(schedule.num_chunks))
+    table.add_row("ops", str(len(schedule.ops)))
+    table.add_row("time", format_time(schedule.makespan_s))
+    table.add_row("lower bound T*", format_time(bound_s))
+    table.add_row("utilization", f"{bound_s / schedule.makespan_s:.1%}")
+    for k, dim in enumerate(schedule.topology.dims):
+        busy_s = sum(op.duration_s for op in schedule.ops_on(k))
+        table.add_row(f"dim {k} busy", f"{busy_s / schedule.makespan_s:.1%} ({dim.kind.value} {dim.size})")
+    return table
