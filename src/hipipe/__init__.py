@@ -9,9 +9,14 @@ Public API (everything else is an implementation detail):
 - :func:`load_topology` -- preset name, one-line spec, hipipe or ASTRA-sim YAML
 - :func:`plan` -- run a planner by name, get a :class:`Schedule`
 - :func:`simulate` -- replay a schedule under the cost model
-- :func:`lower_bound_s` -- the physical limit ``2 (N-1)/N * M / sum B_k``
+- :func:`check` -- prove that a schedule is an AllReduce (knows nothing of planners)
+- :func:`compare` -- several planners over several message sizes, against the bounds
+- :func:`lower_bound_s`, :func:`order_mix_bound_s` -- the physical and the order-mix limits
 """
 
+from hipipe.bounds import order_mix_bound_s
+from hipipe.checker import CheckReport, check, check_or_raise
+from hipipe.compare import Comparison, compare
 from hipipe.cost import lower_bound_s, utilization
 from hipipe.errors import HipipeError, ScheduleError, SolverError, TopologyError
 from hipipe.planners import BASELINES, PLANNERS, plan
@@ -26,7 +31,9 @@ __all__ = [
     "PLANNERS",
     "PRESETS",
     "Algorithm",
+    "CheckReport",
     "Chunk",
+    "Comparison",
     "Dimension",
     "HipipeError",
     "Kind",
@@ -38,8 +45,12 @@ __all__ = [
     "SolverError",
     "Topology",
     "TopologyError",
+    "check",
+    "check_or_raise",
+    "compare",
     "load_topology",
     "lower_bound_s",
+    "order_mix_bound_s",
     "plan",
     "simulate",
     "simulate_chunks",
