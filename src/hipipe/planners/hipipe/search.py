@@ -7,7 +7,7 @@ round brings nothing. The baselines' own structures (orders + sequences) are see
 LP can only improve a fixed structure, so the result is never worse than a baseline.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -21,6 +21,12 @@ from hipipe.topology import Topology
 
 CHUNK_LADDER: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 """Numbers of chunks tried, in order: about x1.4 apart, so the best is never far off."""
+
+FASTEST_FIRST_MAX_CHUNKS = 8
+"""Fastest-first orders are tried up to this K; beyond, only the mix can keep dims busy."""
+
+FULL_ROUNDS_MAX_CHUNKS = 16
+"""Above this K, one re-sequencing round only: LPs grow with K and late rounds gain little."""
 
 IMPROVEMENT = 1e-9
 """Relative gain below which a new candidate does not count as better (LP noise)."""
@@ -39,7 +45,8 @@ class SearchOptions:
     max_rounds: int = 3
     """Re-sequencing rounds per K after the first LP."""
     patience: int = 2
-    """Stop the K ladder after this many Ks in a row that do not improve on the best."""
+    """Stop the K ladder after this many Ks in a row that do not improve on the best
+    (one, above ``FULL_ROUNDS_MAX_CHUNKS``, where each K costs more)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -134,29 +141,50 @@ def _optimize_structure(
     return best
 
 
-def _mix_candidate(
+def fastest_first(topology: Topology) -> Order:
+    """The order that makes one chunk's chain shortest: dims by descending bandwidth.
+
+    Swapping adjacent dims i, j changes the chain's bandwidth time by a factor of
+    ``1/B_i - 1/B_j`` (the ``(n-1)/n`` terms cancel), so faster dims go first. Every
+    order pays the same latencies, so this is the best single order for K = 1 and the
+    natural one for latency-bound messages (few chunks, little to overlap).
+    """
+    return tuple(sorted(range(topology.num_dims), key=lambda k: (-topology.dims[k].bandwidth_bytes_per_s, k)))
+
+
+def _families(
+    topology: Topology, mix: OrderMix, num_chunks: int, options: SearchOptions
+) -> list[tuple[str, tuple[Order, ...]]]:
+    """Chunk orders to try for this K: the fluid mix, and fastest-first for small K."""
+    if options.ascending_only:
+        return [("ascending", (tuple(range(topology.num_dims)),) * num_chunks)]
+    families = [("mix", assign_orders(mix.orders, mix.weights, num_chunks))]
+    single = (fastest_first(topology),) * num_chunks
+    if num_chunks <= FASTEST_FIRST_MAX_CHUNKS and single != families[0][1]:
+        families.append(("fastest-first", single))
+    return families
+
+
+def _candidate_for(
     topology: Topology,
     message_bytes: float,
-    mix: OrderMix,
-    num_chunks: int,
+    source: str,
+    orders: tuple[Order, ...],
     *,
     options: SearchOptions,
     unit_s: float,
     log: SearchLog,
 ) -> Candidate:
-    if options.ascending_only:
-        orders = (tuple(range(topology.num_dims)),) * num_chunks
-    else:
-        orders = assign_orders(mix.orders, mix.weights, num_chunks)
+    num_chunks = len(orders)
     table = op_table(topology, orders)
     durations = table.durations_s(np.full(num_chunks, message_bytes / num_chunks))
-    sequences = [list_schedule(table, durations, rule) for rule in Rule]
+    sequences = list(dict.fromkeys(list_schedule(table, durations, rule) for rule in Rule))
     return _optimize_structure(
         topology,
         message_bytes,
         orders,
         sequences,
-        source="mix" if not options.ascending_only else "ascending",
+        source=source,
         options=options,
         unit_s=unit_s,
         log=log,
@@ -164,27 +192,36 @@ def _mix_candidate(
     )
 
 
-def baseline_makespans_and_seeds(
-    topology: Topology, message_bytes: int, num_chunks: int | None
-) -> tuple[dict[str, float], list[Structure]]:
-    """The hierarchical, pipelined and Themis baselines: their makespans and structures."""
-    makespans: dict[str, float] = {}
-    seeds: list[Structure] = []
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Seed:
+    """A baseline's own schedule as a structure, with its sizes and simulated makespan."""
+
+    structure: Structure
+    sizes_bytes: np.ndarray
+    makespan_s: float
+
+
+def baseline_seeds(topology: Topology, message_bytes: int, num_chunks: int | None) -> list[Seed]:
+    """The hierarchical, pipelined and Themis baselines, run by their own code."""
+    seeds: list[Seed] = []
     for name, planner in (
         ("hierarchical", plan_hierarchical),
         ("pipelined", plan_pipelined),
         ("themis", plan_themis),
     ):
         schedule = planner(topology, message_bytes, num_chunks=num_chunks)
-        makespans[name] = schedule.makespan_s
         seeds.append(
-            Structure(
-                orders=tuple(c.dims_order() for c in schedule.chunks),
-                sequences=schedule.sequences,
-                source=name,
+            Seed(
+                structure=Structure(
+                    orders=tuple(c.dims_order() for c in schedule.chunks),
+                    sequences=schedule.sequences,
+                    source=name,
+                ),
+                sizes_bytes=np.array([c.size_bytes for c in schedule.chunks]),
+                makespan_s=schedule.makespan_s,
             )
         )
-    return makespans, seeds
+    return seeds
 
 
 def search(
@@ -200,47 +237,68 @@ def search(
     best: Candidate | None = None
     misses = 0
     for num_chunks in options.chunk_counts:
-        candidate = _mix_candidate(
-            topology, message_bytes, mix, num_chunks, options=options, unit_s=unit_s, log=log
-        )
-        log.tried.append(
-            {
-                "num_chunks": num_chunks,
-                "source": candidate.structure.source,
-                "makespan_s": candidate.makespan_s,
-            }
-        )
-        if _better(best, candidate):
-            best, misses = candidate, 0
+        best_here: Candidate | None = None
+        for source, orders in _families(topology, mix, num_chunks, options):
+            rounds = (
+                options.max_rounds if num_chunks <= FULL_ROUNDS_MAX_CHUNKS else min(1, options.max_rounds)
+            )
+            candidate = _candidate_for(
+                topology,
+                message_bytes,
+                source,
+                orders,
+                options=replace(options, max_rounds=rounds),
+                unit_s=unit_s,
+                log=log,
+            )
+            log.tried.append({"num_chunks": num_chunks, "source": source, "makespan_s": candidate.makespan_s})
+            if _better(best_here, candidate):
+                best_here = candidate
+        assert best_here is not None
+        if _better(best, best_here):
+            best, misses = best_here, 0
         else:
             misses += 1
-            if misses >= options.patience:
+            if misses >= (options.patience if num_chunks <= FULL_ROUNDS_MAX_CHUNKS else 1):
                 break
     assert best is not None
     baselines: dict[str, float] = {}
     if options.baseline_seeds:
         forced = options.chunk_counts[0] if len(options.chunk_counts) == 1 else None
-        baselines, seeds = baseline_makespans_and_seeds(topology, message_bytes, forced)
-        for seed in seeds:
-            if forced is not None and seed.num_chunks != forced:
+        for seed in baseline_seeds(topology, message_bytes, forced):
+            baselines[seed.structure.source] = seed.makespan_s
+            if forced is not None and seed.structure.num_chunks != forced:
                 continue
-            if best.makespan_s <= baselines[seed.source]:
+            if best.makespan_s <= seed.makespan_s:
                 continue  # already at least as good: no need to improve this seed
             candidate = _optimize_structure(
                 topology,
                 message_bytes,
-                seed.orders,
-                [seed.sequences],
-                source=seed.source,
-                options=options,
+                seed.structure.orders,
+                [seed.structure.sequences],
+                source=seed.structure.source,
+                options=replace(options, max_rounds=0),
                 unit_s=unit_s,
                 log=log,
-                resequence=True,
+                resequence=False,
             )
+            if candidate.makespan_s > seed.makespan_s:
+                # LP round-off made it (negligibly) worse than the point it started from:
+                # keep the baseline's own sizes, which are feasible by construction.
+                candidate = Candidate(
+                    structure=seed.structure,
+                    sizes_bytes=seed.sizes_bytes,
+                    makespan_s=seed.makespan_s,
+                    lp_makespan_s=candidate.lp_makespan_s,
+                )
             log.tried.append(
-                {"num_chunks": seed.num_chunks, "source": seed.source, "makespan_s": candidate.makespan_s}
+                {
+                    "num_chunks": seed.structure.num_chunks,
+                    "source": seed.structure.source,
+                    "makespan_s": candidate.makespan_s,
+                }
             )
-            if _better(best, candidate):
+            if _better(best, candidate) or candidate.makespan_s < best.makespan_s:
                 best = candidate
     return best, baselines
 

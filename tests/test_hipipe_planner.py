@@ -1,0 +1,239 @@
+"""The HiPIPE planner: hand-checkable cases, dominance over the baselines, robustness.
+
+No timing assertions here: plan time is measured by ``benchmarks/planners.py``.
+"""
+
+import json
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hipipe import BASELINES, PLANNERS, Dimension, Topology, plan
+from hipipe.bounds import order_mix, order_mix_bound_s
+from hipipe.cost import lower_bound_s, op_time_s
+from hipipe.errors import HipipeError, SolverError
+from hipipe.planners.hipipe import explain
+from hipipe.planners.hipipe.sequencing import Rule, list_schedule
+from hipipe.planners.hipipe.sizing import SizingModel
+from hipipe.planners.hipipe.structure import assign_orders, op_table
+from hipipe.presets import PRESETS
+from hipipe.simulator import simulate
+
+try:
+    from hipipe.checker import check
+except ImportError:  # pragma: no cover - the checker is a colleague's module
+    check = None
+
+KIB = 1024
+MIB = 1024**2
+GIB = 1024**3
+HIPIPE_PLANNERS = ("hipipe", "hipipe-uniform", "hipipe-k64", "hipipe-fixed-order")
+
+
+def assert_valid(schedule, message_bytes: int) -> None:
+    """Sizes finite, positive, summing to M; the simulator reproduces it; the checker accepts it."""
+    sizes = np.array([c.size_bytes for c in schedule.chunks])
+    assert np.all(np.isfinite(sizes)) and np.all(sizes > 0)
+    assert math.isclose(sizes.sum(), message_bytes, rel_tol=1e-9)
+    assert math.isfinite(schedule.makespan_s) and schedule.makespan_s > 0
+    replay = simulate(schedule)
+    assert math.isclose(replay.makespan_s, schedule.makespan_s, rel_tol=1e-12)
+    info = schedule.info
+    if info.get("lp_makespan_s") is not None:
+        assert math.isclose(info["lp_makespan_s"], schedule.makespan_s, rel_tol=1e-6)
+    assert schedule.makespan_s >= lower_bound_s(schedule.topology, message_bytes) * (1 - 1e-9)
+    json.dumps(dict(info), allow_nan=False)  # JSON-serializable, no NaN
+    if check is not None:
+        report = check(schedule)
+        assert report.ok, report.problems
+
+
+def two_dim() -> Topology:
+    return Topology(dims=(Dimension.make("ring", 4, 100, 1000), Dimension.make("switch", 8, 25, 500)))
+
+
+# -- order mix ---------------------------------------------------------------------------
+
+
+def test_order_mix_of_a_symmetric_network_reaches_the_lower_bound():
+    topology = PRESETS["switch-3d-512"]()
+    assert order_mix_bound_s(topology, GIB) == pytest.approx(lower_bound_s(topology, GIB), rel=1e-9)
+    assert sum(order_mix(topology).weights) == pytest.approx(1.0)
+
+
+def test_order_mix_bound_of_rfs_3d_is_above_the_lower_bound():
+    """HIPIPE.md section 7: the 2-NPU ring halves the data once, U <= 0.871 on rfs-3d."""
+    topology = PRESETS["rfs-3d"]()
+    ratio = lower_bound_s(topology, GIB) / order_mix_bound_s(topology, GIB)
+    assert ratio == pytest.approx(0.871, abs=1e-3)
+
+
+def test_order_mix_balances_two_equal_rings_by_hand():
+    """tpu-2d: x (0,1) + (1-x) (1,0) with 1.5x + 0.1875(1-x) = 0.4375x + 1.75(1-x): x = 25/42."""
+    mix = order_mix(PRESETS["tpu-2d"]())
+    weights = dict(zip(mix.orders, mix.weights, strict=True))
+    assert weights[(0, 1)] == pytest.approx(25 / 42, rel=1e-9)
+
+
+# -- hand-checkable schedules ------------------------------------------------------------
+
+
+def test_single_dim_network_gives_the_hierarchical_time():
+    topology = Topology(dims=(Dimension.make("ring", 8, 100, 1000),))
+    schedule = plan(topology, 64 * MIB, "hipipe")
+    # One dim cannot overlap anything: one chunk, RS then AG.
+    assert schedule.num_chunks == 1
+    assert schedule.makespan_s == pytest.approx(2 * op_time_s(topology, (0,), 64 * MIB), rel=1e-12)
+    assert schedule.makespan_s == pytest.approx(
+        plan(topology, 64 * MIB, "hierarchical").makespan_s, rel=1e-12
+    )
+
+
+def test_lp_sizes_beat_uniform_sizes_on_a_two_dim_network():
+    topology = two_dim()
+    message = 256 * MIB
+    for num_chunks in (4, 8, 16):
+        lp = plan(topology, message, "hipipe", num_chunks=num_chunks)
+        uniform = plan(topology, message, "hipipe-uniform", num_chunks=num_chunks)
+        assert lp.makespan_s < uniform.makespan_s
+        assert_valid(lp, message)
+        assert_valid(uniform, message)
+
+
+def test_lp_makespan_equals_longest_path_for_fixed_sequences():
+    """The LP's T for given sequences is what the simulator replays with its sizes."""
+    topology = two_dim()
+    mix = order_mix(topology)
+    orders = assign_orders(mix.orders, mix.weights, 6)
+    table = op_table(topology, orders)
+    sequences = list_schedule(table, table.durations_s(np.full(6, GIB / 6)), Rule.FIFO)
+    model = SizingModel(topology, GIB, orders, time_unit_s=0.01)
+    sizing = model.solve(sequences)
+    again = model.solve(sequences)  # warm start: the same optimum without pivoting
+    assert again.iterations == 0
+    assert again.makespan_s == pytest.approx(sizing.makespan_s, rel=1e-12)
+    assert sizing.sizes_bytes.sum() == pytest.approx(GIB)
+
+
+def test_forced_chunk_number_is_respected_and_explained():
+    topology = PRESETS["tpu-2d"]()
+    schedule = plan(topology, GIB, "hipipe", num_chunks=4)
+    assert schedule.num_chunks <= 4
+    assert [c["num_chunks"] for c in schedule.info["candidates"] if c["source"] == "mix"] == [4]
+    text = explain(schedule)
+    for needle in ("K =", "order mix", "LP", "simulated", "T* =", "T_mix ="):
+        assert needle in text
+
+
+def test_explain_shows_the_decisions():
+    schedule = plan(PRESETS["hgx-h100-32"](), GIB, "hipipe")
+    info = schedule.info
+    for key in (
+        "num_chunks",
+        "candidates",
+        "order_mix",
+        "lp_makespan_s",
+        "simulated_makespan_s",
+        "lower_bound_s",
+        "order_mix_bound_s",
+        "utilization",
+    ):
+        assert key in info
+    assert info["utilization"] == pytest.approx(lower_bound_s(schedule.topology, GIB) / schedule.makespan_s)
+    assert f"K = {schedule.num_chunks}" in explain(schedule)
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_reference_configurations_reach_their_goal_and_beat_every_baseline(preset):
+    topology = PRESETS[preset]()
+    for message in (MIB, GIB):
+        schedule = plan(topology, message, "hipipe")
+        assert_valid(schedule, message)
+        for name in BASELINES:
+            assert schedule.makespan_s <= plan(topology, message, name).makespan_s
+
+
+# -- dominance on generated topologies ---------------------------------------------------
+
+dimensions = st.builds(
+    Dimension.make,
+    kind=st.sampled_from(["ring", "switch", "fully_connected"]),
+    size=st.integers(2, 8),
+    bandwidth_gbps=st.floats(1, 500),
+    latency_ns=st.one_of(st.just(0.0), st.floats(0, 5000)),
+)
+topologies = st.lists(dimensions, min_size=1, max_size=4).map(lambda dims: Topology(dims=tuple(dims)))
+messages = st.integers(10, 36).map(lambda exponent: 2**exponent)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(topology=topologies, message=messages)
+def test_hipipe_never_loses_to_a_baseline(topology, message):
+    schedule = plan(topology, message, "hipipe")
+    assert_valid(schedule, message)
+    for name in BASELINES:
+        baseline = plan(topology, message, name)
+        assert schedule.makespan_s <= baseline.makespan_s, name
+
+
+# -- robustness --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("topology", "message"),
+    [
+        (PRESETS["rfs-3d"](), KIB),
+        (PRESETS["libra-4d"](), 64 * GIB),  # 4,096 NPUs, a huge message
+        (
+            Topology(dims=tuple(Dimension.make("ring", 2 + k % 3, 10 * (k + 1), 100 * k) for k in range(6))),
+            GIB,
+        ),  # 6 dims: 720 orders in the fluid LP
+        (Topology(dims=(Dimension.make("ring", 8, 1000, 0), Dimension.make("switch", 8, 10, 0))), GIB),
+        (Topology(dims=(Dimension.make("switch", 16, 5, 0), Dimension.make("ring", 16, 500, 0))), KIB),
+    ],
+    ids=["1KiB", "4096-NPUs-64GiB", "6-dims", "100x-zero-latency", "100x-1KiB"],
+)
+def test_extreme_inputs_plan_cleanly(topology, message):
+    schedule = plan(topology, message, "hipipe")
+    assert_valid(schedule, message)
+
+
+def test_forced_solver_failure_raises_solver_error_with_the_status():
+    topology = two_dim()
+    orders = ((0, 1), (1, 0), (0, 1))
+    table = op_table(topology, orders)
+    sequences = list_schedule(table, table.durations_s(np.full(3, GIB / 3)), Rule.FIFO)
+    model = SizingModel(topology, GIB, orders, time_unit_s=0.01, options={"simplex_iteration_limit": 0})
+    with pytest.raises(SolverError, match="status"):
+        model.solve(sequences)
+
+
+def test_bad_inputs_are_user_errors():
+    with pytest.raises(HipipeError):
+        plan(two_dim(), 0, "hipipe")
+    with pytest.raises(HipipeError):
+        plan(two_dim(), MIB, "hipipe", num_chunks=0)
+
+
+# -- ablations ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", HIPIPE_PLANNERS)
+def test_ablations_are_registered_and_valid(name):
+    spec = PLANNERS[name]
+    assert not spec.baseline
+    assert list(PLANNERS)[: len(BASELINES)] == list(BASELINES)
+    for preset in ("rfs-3d", "tpu-2d"):
+        schedule = plan(PRESETS[preset](), 64 * MIB, name)
+        assert schedule.planner == name
+        assert_valid(schedule, 64 * MIB)
+    if name == "hipipe-k64":
+        assert schedule.num_chunks <= 64
+    if name == "hipipe-fixed-order":
+        assert {c.dims_order() for c in schedule.chunks} == {(0, 1)}
+    if name == "hipipe-uniform":
+        sizes = {c.size_bytes for c in schedule.chunks}
+        assert len(sizes) == 1
