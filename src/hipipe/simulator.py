@@ -13,6 +13,8 @@ State is explicit (one :class:`_Run` per call), the event heap is ordered by
 """
 
 import heapq
+import itertools
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -196,7 +198,12 @@ def _run_queued(run: _Run, policy: Policy) -> None:
 
 
 def _run_fixed(run: _Run, sequences: list[list[int]]) -> None:
-    """Each dimension runs its sequence in order; an op waits for its chain predecessor."""
+    """Each dimension runs its sequence in order; an op waits for its chain predecessor.
+
+    The chain and sequence orders form a DAG; ops are timed in topological order
+    (Kahn's algorithm), so the cost is linear in the number of ops. Ops left over when no
+    op is ready mean the sequences contradict the chains: a deadlock.
+    """
     ops = run.ops
     if len(sequences) != run.num_dims:
         raise ScheduleError(f"{len(sequences)} sequences for {run.num_dims} dimensions")
@@ -207,31 +214,29 @@ def _run_fixed(run: _Run, sequences: list[list[int]]) -> None:
     for k in range(run.num_dims):
         if sorted(sequences[k]) != expected[k]:
             raise ScheduleError(f"dimension {k}'s sequence does not list exactly the ops on dimension {k}")
-    position = [0] * run.num_dims
-    free_s = [0.0] * run.num_dims
-    done = [False] * len(ops)
-    remaining = len(ops)
-    while remaining:
-        progressed = False
-        for k in range(run.num_dims):
-            while position[k] < len(sequences[k]):
-                index = sequences[k][position[k]]
-                u = ops[index]
-                if u.step > 0 and not done[index - 1]:
-                    break
-                dims = u.dims
-                if any(sequences[d][position[d]] != index for d in dims if position[d] < len(sequences[d])):
-                    break
-                ready_s = run.end_s[index - 1] if u.step > 0 else 0.0
-                start = max([ready_s, *(free_s[d] for d in dims)])
-                run.start_s[index] = start
-                run.end_s[index] = start + u.duration_s
-                for d in dims:
-                    free_s[d] = run.end_s[index]
-                    position[d] += 1
-                    run.sequences[d].append(index)
-                done[index] = True
-                remaining -= 1
-                progressed = True
-        if not progressed:
-            raise ScheduleError("the per-dimension sequences deadlock: they contradict the chunks' op order")
+    successors: list[list[int]] = [[] for _ in ops]
+    waiting_on = [0] * len(ops)
+    for u in ops:
+        if u.step > 0:
+            successors[u.index - 1].append(u.index)
+            waiting_on[u.index] += 1
+    for seq in sequences:
+        for before, after in itertools.pairwise(seq):
+            successors[before].append(after)
+            waiting_on[after] += 1
+    ready_s = [0.0] * len(ops)
+    ready = deque(i for i in range(len(ops)) if waiting_on[i] == 0)
+    timed = 0
+    while ready:
+        index = ready.popleft()
+        run.start_s[index] = ready_s[index]
+        run.end_s[index] = ready_s[index] + ops[index].duration_s
+        timed += 1
+        for after in successors[index]:
+            ready_s[after] = max(ready_s[after], run.end_s[index])
+            waiting_on[after] -= 1
+            if waiting_on[after] == 0:
+                ready.append(after)
+    if timed != len(ops):
+        raise ScheduleError("the per-dimension sequences deadlock: they contradict the chunks' op order")
+    run.sequences = [list(seq) for seq in sequences]
