@@ -20,6 +20,9 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "simulate",
     "check",
     "run",
+    "testbed",
+    "bench",
+    "calibrate",
 )
 """Subcommands in the order ``hipipe --help`` lists them."""
 

@@ -1,0 +1,130 @@
+"""``hipipe bench``: run every planner and torch's all_reduce on an emulated testbed.
+
+Brings a testbed up, calibrates it, runs the plans, tears it down whatever happens,
+then prints one table per message size and writes ``<output>.json`` and
+``<output>.png`` (the measured Gantt of one hipipe run beside its plan).
+"""
+
+import argparse
+import json
+import sys
+from datetime import datetime
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from hipipe.cli.common import check_output_path, stderr_console, stdout_console
+from hipipe.files import atomic_write_text
+from hipipe.planners import PLANNERS
+from hipipe.testbed.bench import (
+    DEFAULT_PLANNERS,
+    SUMMARY_COLUMNS,
+    BenchConfig,
+    BenchResult,
+    describe_rates,
+    result_to_dict,
+    run_bench,
+    summary_rows,
+)
+from hipipe.testbed.layout import TestbedError, parse_rates_bits_per_s, parse_shape
+from hipipe.testbed.shaping import require_host
+from hipipe.units import format_size, parse_sizes_bytes
+
+
+def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    parser = subparsers.add_parser(
+        "bench", help="measure planners and torch all_reduce on an emulated testbed (root, Linux, torch)"
+    )
+    parser.add_argument("--testbed", required=True, metavar="SHAPE", help="ranks per dimension, e.g. 2x4")
+    parser.add_argument("--rates", required=True, help="rate per dimension, e.g. 50,200Mbit")
+    parser.add_argument(
+        "--size", default="16MiB", help="comma-separated message sizes (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--planners",
+        default=",".join(DEFAULT_PLANNERS),
+        help="comma-separated planners (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--no-torch", action="store_true", help="skip the torch.distributed.all_reduce reference"
+    )
+    parser.add_argument("--warmup", type=int, default=1, help="untimed runs per row (default: %(default)s)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per row (default: %(default)s)")
+    parser.add_argument(
+        "--no-calibrate", action="store_true", help="predict with the nominal rates instead of calibrating"
+    )
+    parser.add_argument("--rate-check-s", type=float, default=1.0, help="rate check per dimension, 0 to skip")
+    parser.add_argument(
+        "--output",
+        default=None,
+        help="path prefix of the JSON and PNG files (default: hipipe-bench-<shape>-<time>)",
+    )
+    parser.set_defaults(func=run)
+
+
+def _tables(result: BenchResult) -> list[Table]:
+    tables = []
+    shape = "x".join(str(s) for s in result.config.sizes)
+    for message_bytes in result.config.messages_bytes:
+        table = Table(title=f"{shape}, {format_size(message_bytes)} (median of {result.config.repeats})")
+        for column in SUMMARY_COLUMNS:
+            table.add_column(column, justify="left" if column == "planner" else "right")
+        for cells in summary_rows(result, message_bytes):
+            table.add_row(*cells)
+        tables.append(table)
+    return tables
+
+
+def run(args: argparse.Namespace) -> int:
+    sizes = parse_shape(args.testbed)
+    rates = parse_rates_bits_per_s(args.rates, len(sizes))
+    messages = tuple(parse_sizes_bytes(args.size))
+    planners = tuple(p.strip() for p in args.planners.split(",") if p.strip())
+    unknown = [p for p in planners if p not in PLANNERS]
+    if unknown:
+        raise TestbedError(f"unknown planner {unknown[0]!r} (available: {', '.join(PLANNERS)})")
+    output = args.output or f"hipipe-bench-{args.testbed}-{datetime.now():%Y%m%d-%H%M%S}"
+    check_output_path(output + ".json")
+    config = BenchConfig(
+        sizes=sizes,
+        rates_bits_per_s=rates,
+        messages_bytes=messages,
+        planners=planners,
+        include_torch=not args.no_torch,
+        warmup=args.warmup,
+        repeats=args.repeats,
+        calibrate=not args.no_calibrate,
+        rate_check_s=args.rate_check_s,
+    )
+    require_host()
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise TestbedError("hipipe bench needs torch: pip install torch==2.13.0 (CPU wheel)") from None
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=stderr_console(), transient=True, disable=not sys.stderr.isatty()) as bar:
+        task = bar.add_task("bringing the testbed up", total=None)
+
+        def progress(done: int, total: int, what: str) -> None:
+            bar.update(task, completed=done, total=total, description=what)
+
+        result = run_bench(config, progress=progress)
+    console = stdout_console()
+    if result.rates:
+        console.print(f"rate check: {describe_rates(result)}")
+    for fit in result.fits:
+        console.print(
+            f"calibrated dim {fit.dim}: {fit.bandwidth_bytes_per_s * 8 / 1e6:.1f} Mbit/s,"
+            f" {fit.constant_s * 1e3:.2f} ms per op"
+        )
+    for table in _tables(result):
+        console.print(table)
+    atomic_write_text(output + ".json", json.dumps(result_to_dict(result), indent=1) + "\n")
+    written = [output + ".json"]
+    if result.gantt_panels:
+        from hipipe.report.gantt import write_gantt
+
+        write_gantt(output + ".png", list(result.gantt_panels))
+        written.append(output + ".png")
+    console.print(f"[dim]wrote {', '.join(written)}; testbed {result.prefix} removed[/dim]")
+    return 0
