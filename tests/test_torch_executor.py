@@ -1,0 +1,222 @@
+"""The executor on 8 local Gloo processes: every planner's schedule, checked against all_reduce.
+
+Processes start once per topology (a module-scoped job runs every case and returns one
+verdict per case and rank); each test then looks up its case. int64 must match
+``torch.distributed.all_reduce`` bit for bit; float32 and bfloat16 within a tolerance.
+Lengths are not multiples of N, and random schedules give uneven chunk sizes, empty
+chunks and mixed orders beside the LP's own.
+"""
+
+import itertools
+import math
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from hipipe.planners import PLANNERS, plan
+from hipipe.schedule import Chunk, Schedule
+from hipipe.simulator import simulate_chunks
+from hipipe.topology_io import load_topology
+
+torch = pytest.importorskip("torch")
+
+from hipipe.torch import element_bounds, split, trace_to_schedule  # noqa: E402
+from hipipe.torch.launch import raise_on_failure, spawn  # noqa: E402
+
+TOPOLOGIES = {
+    "2x2x2": "ring:2:4GB/s:1us,ring:2:2GB/s:1us,switch:2:1GB/s:1us",
+    "2x4": "ring:2:4GB/s:1us,ring:4:1GB/s:1us",
+}
+
+DTYPE_LENGTHS = (("int64", 40003), ("float32", 10007), ("bfloat16", 5003))
+"""Element counts: none is a multiple of 8."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Case:
+    """One AllReduce to run on every rank; ``schedule_json`` is planned once, in the parent."""
+
+    name: str
+    schedule_json: str
+    dtype: str
+    op: str = "sum"
+    use_mesh: bool = False
+    trace: bool = False
+
+
+def random_schedule(topology_spec: str, message_bytes: int, seed: int) -> Schedule:
+    """Uneven chunk sizes (one of them empty), a random order per chunk, FIFO sequences."""
+    topology = load_topology(topology_spec)
+    rng = random.Random(seed)
+    weights = [rng.random() ** 3 for _ in range(rng.randint(3, 9))]
+    weights[rng.randrange(len(weights))] = 0.0
+    sizes = [message_bytes * w / sum(weights) for w in weights]
+    chunks = []
+    for j, size in enumerate(sizes):
+        order = list(range(topology.num_dims))
+        rng.shuffle(order)
+        chunks.append(Chunk(index=j, size_bytes=size, order=tuple((k,) for k in order)))
+    return simulate_chunks(topology, message_bytes, chunks, planner=f"random-{seed}")
+
+
+def itemsize(dtype: str) -> int:
+    return {"int64": 8, "float32": 4, "bfloat16": 2}[dtype]
+
+
+def build_cases(topology_spec: str) -> list[Case]:
+    topology = load_topology(topology_spec)
+    cases = []
+    for planner in PLANNERS:
+        for dtype, numel in DTYPE_LENGTHS:
+            schedule = plan(topology, numel * itemsize(dtype), planner)
+            cases.append(Case(name=f"{planner}-{dtype}", schedule_json=schedule.to_json(), dtype=dtype))
+    for seed in range(3):
+        schedule = random_schedule(topology_spec, 40003 * 8, seed)
+        cases.append(Case(name=f"random{seed}-int64", schedule_json=schedule.to_json(), dtype="int64"))
+    tiny = plan(topology, 5 * 8, "pipelined")  # 5 elements, 64 chunks: most chunks and parts empty
+    cases.append(Case(name="tiny-int64", schedule_json=tiny.to_json(), dtype="int64"))
+    floats = plan(topology, 10007 * 4, "themis", num_chunks=4)
+    for op in ("avg", "min", "max"):
+        cases.append(
+            Case(name=f"themis4-float32-{op}", schedule_json=floats.to_json(), dtype="float32", op=op)
+        )
+    mesh_schedule = random_schedule(topology_spec, 40003 * 8, 7)
+    cases.append(Case(name="mesh-int64", schedule_json=mesh_schedule.to_json(), dtype="int64", use_mesh=True))
+    cases.append(Case(name="trace-int64", schedule_json=mesh_schedule.to_json(), dtype="int64", trace=True))
+    return cases
+
+
+def _data(rank: int, numel: int, dtype: Any) -> Any:
+    generator = torch.Generator().manual_seed(97 * rank + numel)
+    if dtype == torch.int64:
+        return torch.randint(-(2**40), 2**40, (numel,), generator=generator)
+    return (torch.rand(numel, generator=generator, dtype=torch.float64) * 2 - 1).to(dtype)
+
+
+def _check_trace(schedule: Schedule, trace: Any) -> str:
+    """Measured times respect chain precedence and every dim's sequence."""
+    measured = trace_to_schedule(schedule, trace)
+    for op in measured.ops:
+        if op.end_s < op.start_s:
+            return f"op {op.index} ends before it starts"
+        if op.step > 0 and op.start_s < measured.ops[op.index - 1].end_s:
+            return f"op {op.index} started before its chain predecessor ended"
+    for seq in measured.sequences:
+        for a, b in itertools.pairwise(seq):
+            if measured.ops[b].start_s < measured.ops[a].end_s:
+                return f"op {b} started before op {a} ended on the same dim"
+    return ""
+
+
+def run_cases(rank: int, world_size: int, topology_spec: str, cases: list[Case]) -> dict[str, str]:
+    """Worker: run every case; '' for a pass, else what went wrong on this rank."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from hipipe.torch import HierarchicalAllReduce, dimension_groups
+
+    topology = load_topology(topology_spec)
+    groups = dimension_groups(topology.sizes, timeout_s=30)
+    mesh = None
+    verdicts: dict[str, str] = {}
+    dtypes = {"int64": torch.int64, "float32": torch.float32, "bfloat16": torch.bfloat16}
+    for case in cases:
+        try:
+            schedule = Schedule.from_json(case.schedule_json)
+            if case.use_mesh and mesh is None:
+                mesh = init_device_mesh("cpu", topology.sizes)
+            executor = (
+                HierarchicalAllReduce(mesh, schedule, timeout_s=30)
+                if case.use_mesh
+                else HierarchicalAllReduce(None, schedule, groups=groups, timeout_s=30)
+            )
+            dtype = dtypes[case.dtype]
+            source = _data(rank, schedule.message_bytes // itemsize(case.dtype), dtype)
+            ours = source.clone()
+            trace = executor.run(ours, op=case.op, trace=case.trace)
+            reference = source.clone()
+            torch_op = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM}.get(case.op)
+            if torch_op is None:
+                torch_op = dist.ReduceOp.MIN if case.op == "min" else dist.ReduceOp.MAX
+            dist.all_reduce(reference, op=torch_op)
+            if case.op == "avg":
+                reference /= world_size
+            if dtype == torch.int64:
+                verdict = "" if torch.equal(ours, reference) else "int64 result differs from all_reduce"
+            else:
+                tolerance = {torch.float32: 1e-5, torch.bfloat16: 5e-2}[dtype]
+                worst = float((ours.double() - reference.double()).abs().max())
+                verdict = "" if worst <= tolerance * world_size else f"max error {worst:g}"
+            if not verdict and trace is not None:
+                verdict = _check_trace(schedule, trace)
+            verdicts[case.name] = verdict
+        except Exception as exc:
+            verdicts[case.name] = f"{type(exc).__name__}: {exc}"
+    return verdicts
+
+
+def _run_job(topology_spec: str) -> dict[str, list[str]]:
+    cases = build_cases(topology_spec)
+    started = time.monotonic()
+    values = raise_on_failure(
+        spawn(run_cases, 8, args=(topology_spec, cases), timeout_s=240, pg_timeout_s=30)
+    )
+    print(f"8-process job on {topology_spec}: {len(cases)} cases in {time.monotonic() - started:.1f} s")
+    return {case.name: [v[case.name] for v in values] for case in cases}
+
+
+@pytest.fixture(scope="module")
+def jobs() -> dict[str, Any]:
+    """Lazily run one job per topology, the first time a test asks for it."""
+    return {}
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Cases are planned at collection, not at import: worker processes import this module too."""
+    if "case" in metafunc.fixturenames:
+        pairs = [(shape, c.name) for shape, spec in TOPOLOGIES.items() for c in build_cases(spec)]
+        metafunc.parametrize(("shape", "case"), pairs)
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_schedule_matches_all_reduce(jobs: dict[str, Any], shape: str, case: str) -> None:
+    if shape not in jobs:
+        try:
+            jobs[shape] = _run_job(TOPOLOGIES[shape])
+        except Exception as exc:  # one failed job fails its tests once each, without restarting it
+            jobs[shape] = exc
+    if isinstance(jobs[shape], Exception):
+        raise jobs[shape]
+    verdicts = jobs[shape][case]
+    failures = {rank: v for rank, v in enumerate(verdicts) if v}
+    assert not failures, failures
+
+
+def test_element_bounds_partition_the_tensor_exactly() -> None:
+    rng = random.Random(3)
+    topology = load_topology(TOPOLOGIES["2x4"])
+    for seed in range(50):
+        message_bytes = rng.randint(1, 10**6)
+        schedule = random_schedule(TOPOLOGIES["2x4"], message_bytes, seed)
+        for numel in (1, 7, rng.randint(1, 10**5)):
+            bounds = element_bounds(schedule, numel)
+            assert bounds[0] == 0 and bounds[-1] == numel
+            assert all(a <= b for a, b in itertools.pairwise(bounds))
+            for j, chunk in enumerate(schedule.chunks):
+                ideal = chunk.size_bytes * numel / message_bytes
+                assert abs((bounds[j + 1] - bounds[j]) - ideal) <= 1.0 + 1e-9
+    assert topology.num_npus == 8
+
+
+def test_split_is_near_equal_and_exact() -> None:
+    for start, stop, parts in ((0, 0, 4), (3, 10, 4), (5, 6, 8), (0, 1001, 8)):
+        ranges = split(start, stop, parts)
+        assert ranges[0][0] == start and ranges[-1][1] == stop
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges))
+        lengths = [b - a for a, b in ranges]
+        assert max(lengths) - min(lengths) <= 1
+        assert sum(lengths) == stop - start == math.fsum(lengths)
