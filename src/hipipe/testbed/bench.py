@@ -146,11 +146,15 @@ def run_bench(
     progress: ProgressFn | None = None,
     workdir: Path | None = None,
     state_dir: Path = netns.DEFAULT_STATE_DIR,
+    prefix: str | None = None,
 ) -> BenchResult:
-    """Up, rate check, calibrate, plan, run, down (always). Raises :class:`TestbedError`."""
+    """Up, rate check, calibrate, plan, run, down (always). Raises :class:`TestbedError`.
+
+    ``prefix`` names the testbed (default: random), so a caller can check it is gone.
+    """
     started = time.monotonic()
     workdir = workdir or Path(tempfile.mkdtemp(prefix="hipipe-bench-"))
-    testbed = netns.up(config.sizes, config.rates_bits_per_s, state_dir=state_dir)
+    testbed = netns.up(config.sizes, config.rates_bits_per_s, prefix=prefix, state_dir=state_dir)
     layout = testbed.layout
     try:
         rates: list[DimRate] = []

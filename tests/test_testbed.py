@@ -1,0 +1,319 @@
+"""The emulated testbed: pure parts everywhere, the real thing only as root.
+
+Unit tests cover what needs no privilege: shape and rate parsing, names and addresses,
+the exact ip/tc commands, capability messages, the alpha-beta fit. The root test
+(``-m root``) builds a 2x2 testbed, checks the shaped rates against their targets,
+runs one small benchmark end to end and proves that no namespace of its prefix is left.
+"""
+
+import math
+import os
+import random
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from hipipe.cli import main
+from hipipe.cost import op_time_s
+from hipipe.testbed import netns
+from hipipe.testbed.bench import THEMIS, TORCH_NAME, BenchConfig, BenchResult, BenchRow, result_to_dict
+from hipipe.testbed.calibrate import Sample, calibrated_topology, fit_dim, fit_line
+from hipipe.testbed.layout import (
+    MAX_IFNAME_CHARS,
+    Layout,
+    TestbedError,
+    check_prefix,
+    new_prefix,
+    parse_rates_bits_per_s,
+    parse_shape,
+)
+from hipipe.testbed.shaping import HostCapabilities, KernelCapabilities, rank_tc_commands
+
+
+def layout_2x4() -> Layout:
+    return Layout(prefix="hp3f9a", sizes=(2, 4), rates_bits_per_s=(50e6, 200e6))
+
+
+# --- parsing -------------------------------------------------------------------------
+
+
+def test_shape_parsing() -> None:
+    assert parse_shape("2x4") == (2, 4)
+    assert parse_shape("2X2x2") == (2, 2, 2)
+    for bad, fragment in (("2xa", "cannot read shape"), ("1x4", "at least 2"), ("16x16", "at most")):
+        with pytest.raises(TestbedError, match=fragment):
+            parse_shape(bad)
+
+
+def test_rates_take_the_last_unit_and_broadcast() -> None:
+    assert parse_rates_bits_per_s("50,200Mbit", 2) == (50e6, 200e6)
+    assert parse_rates_bits_per_s("1Gbit,200Mbit", 2) == (1e9, 200e6)
+    assert parse_rates_bits_per_s("100Mbit", 3) == (100e6, 100e6, 100e6)
+    with pytest.raises(TestbedError, match="need a unit"):
+        parse_rates_bits_per_s("50,200", 2)
+    with pytest.raises(TestbedError, match="3 rates given for 2 dimensions"):
+        parse_rates_bits_per_s("1,2,3Mbit", 2)
+    with pytest.raises(TestbedError, match="unknown bandwidth unit"):
+        parse_rates_bits_per_s("50furlongs", 1)
+
+
+def test_prefixes_are_checked_and_random() -> None:
+    assert check_prefix("hp00ff") == "hp00ff"
+    for bad in ("hp", "hpXYZW", "hp3f9a-", "evil", "hp3f9a0"):
+        with pytest.raises(TestbedError, match="not of the form"):
+            check_prefix(bad)
+    prefixes = {new_prefix() for _ in range(50)}
+    assert all(check_prefix(p) for p in prefixes)
+    assert len(prefixes) > 40
+
+
+# --- layout --------------------------------------------------------------------------
+
+
+def test_names_carry_the_prefix_and_fit_the_kernel_limit() -> None:
+    layout = Layout(prefix="hpabcd", sizes=(10, 25), rates_bits_per_s=(1e6, 1e6))
+    names = [*layout.all_netns(), layout.bridge]
+    names += [layout.rank_ifname(r) for r in range(layout.num_ranks)]
+    names += [layout.hub_ifname(r) for r in range(layout.num_ranks)]
+    assert all(n.startswith("hpabcd-") for n in names)
+    assert max(len(layout.rank_ifname(r)) for r in range(layout.num_ranks)) <= MAX_IFNAME_CHARS
+    assert len(set(layout.all_netns())) == layout.num_ranks + 1
+
+
+def test_addresses_are_private_and_distinct() -> None:
+    layout = layout_2x4()
+    addresses = [layout.rank_address(r) for r in range(layout.num_ranks)] + [layout.hub_address]
+    assert len(set(addresses)) == len(addresses)
+    assert all(a.startswith("10.") for a in addresses)
+    other = Layout(prefix="hp3f9b", sizes=(2, 4), rates_bits_per_s=(1e6, 1e6))
+    assert other.subnet_base != layout.subnet_base
+
+
+def test_shaping_dimension_follows_coordinates() -> None:
+    layout = layout_2x4()
+    assert layout.coords(5) == (1, 2)
+    assert layout.rank_of((1, 2)) == 5
+    assert layout.shaping_dim(0, 1) == 0
+    assert layout.shaping_dim(0, 2) == 1
+    # differs in both: the slower dimension (dim 0 at 50 Mbit/s) bounds the route
+    assert layout.shaping_dim(1, 2) == 0
+    assert layout.shaping_dim(3, 3) is None
+    assert [layout.neighbor(r, 1) for r in (0, 2, 4, 6)] == [2, 4, 6, 0]
+
+
+def test_nominal_topology_has_the_testbed_rates() -> None:
+    topology = layout_2x4().nominal_topology()
+    assert topology.sizes == (2, 4)
+    assert [d.bandwidth_bytes_per_s for d in topology.dims] == [50e6 / 8, 200e6 / 8]
+
+
+# --- commands ------------------------------------------------------------------------
+
+
+def test_tc_commands_shape_each_dimension_and_spare_small_packets() -> None:
+    layout = layout_2x4()
+    commands = rank_tc_commands(layout, 1)
+    text = [" ".join(c) for c in commands]
+    assert all(c[:3] == ["tc", "-n", "hp3f9a-r1"] for c in commands)
+    assert any("classid 1:10 htb rate 50000000bit ceil 50000000bit" in t for t in text)
+    assert any("classid 1:11 htb rate 200000000bit ceil 200000000bit" in t for t in text)
+    assert any("htb default 2" in t for t in text)
+    # IPv4 total length < 128: top 9 bits of the u16 at offset 2 are zero
+    assert any("prio 1 u32 match u16 0x0000 0xff80 at 2 flowid 1:2" in t for t in text)
+    dst_filters = [t for t in text if "match ip dst" in t]
+    assert len(dst_filters) == layout.num_ranks - 1
+    assert any(f"dst {layout.rank_address(0)}/32 flowid 1:10" in t for t in dst_filters)
+    assert any(f"dst {layout.rank_address(3)}/32 flowid 1:11" in t for t in dst_filters)
+    assert any(f"dst {layout.rank_address(2)}/32 flowid 1:10" in t for t in dst_filters)  # both dims
+
+
+def test_link_commands_stay_inside_the_testbed() -> None:
+    layout = layout_2x4()
+    commands = netns.link_commands(layout)
+    for argv in commands:
+        assert argv[0] == "ip"
+        if argv[1] == "netns":
+            assert argv[2] == "add" and argv[3].startswith("hp3f9a-")
+        else:
+            assert argv[1] == "-n" and argv[2].startswith("hp3f9a-"), argv
+    assert sum(1 for c in commands if c[:3] == ["ip", "netns", "add"]) == layout.num_ranks + 1
+
+
+# --- capabilities --------------------------------------------------------------------
+
+
+def test_host_problems_are_one_line() -> None:
+    ok = HostCapabilities(is_root=True, ip_path="/sbin/ip", tc_path="/sbin/tc", has_netns=True)
+    assert ok.problem() is None
+    not_root = HostCapabilities(is_root=False, ip_path="/sbin/ip", tc_path="/sbin/tc", has_netns=True)
+    assert "needs root" in (not_root.problem() or "")
+    no_tc = HostCapabilities(is_root=True, ip_path="/sbin/ip", tc_path=None, has_netns=True)
+    assert "tc not found" in (no_tc.problem() or "") and "iproute2" in (no_tc.problem() or "")
+    no_netns = HostCapabilities(is_root=True, ip_path=None, tc_path=None, has_netns=False)
+    assert "network namespaces" in (no_netns.problem() or "")
+    for caps in (not_root, no_tc, no_netns):
+        assert "\n" not in (caps.problem() or "")
+
+
+def test_kernel_capabilities_report_netem_absence() -> None:
+    kernel = KernelCapabilities(htb=True, u32=True, netem=False)
+    assert kernel.problem() is None
+    assert "netem no" in kernel.describe()
+    assert "htb" in (KernelCapabilities(htb=False, u32=False, netem=False, htb_error="x").problem() or "")
+
+
+def test_cli_reports_bad_input_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["testbed", "up", "2x4", "--rates", "50,200"]) == 2
+    assert main(["bench", "--testbed", "2x", "--rates", "1Mbit"]) == 2
+    assert main(["bench", "--testbed", "2x2", "--rates", "1Mbit", "--planners", "nope"]) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 3 and all(line.startswith("hipipe: error:") for line in lines), err
+
+
+# --- calibration fit -----------------------------------------------------------------
+
+
+def test_fit_line_is_exact_on_a_line() -> None:
+    xs = [1e3, 1e5, 1e6, 4e6]
+    intercept, slope = fit_line(xs, [0.002 + 8e-8 * x for x in xs])
+    assert intercept == pytest.approx(0.002, rel=1e-9)
+    assert slope == pytest.approx(8e-8, rel=1e-9)
+    with pytest.raises(TestbedError):
+        fit_line([1.0, 1.0], [1.0, 2.0])
+
+
+def test_fit_recovers_bandwidth_and_latency_from_noisy_samples() -> None:
+    rng = random.Random(7)
+    size, bandwidth, constant = 4, 25e6, 0.003
+    samples = []
+    for full_bytes in (128 * 1024, 1 << 20, 4 << 20, 8 << 20):
+        for phase in ("RS", "AG"):
+            ideal = constant + (size - 1) / size * full_bytes / bandwidth
+            samples.append(
+                Sample(
+                    dim=1, phase=phase, full_bytes=full_bytes, time_s=ideal * (1 + rng.uniform(-0.02, 0.02))
+                )
+            )
+    fit = fit_dim(1, size, samples)
+    assert fit.bandwidth_bytes_per_s == pytest.approx(bandwidth, rel=0.03)
+    assert fit.constant_s == pytest.approx(constant, rel=0.3)
+    assert fit.max_relative_residual < 0.05
+    assert fit.num_samples == 8
+
+
+def test_calibrated_topology_reproduces_the_fitted_lines() -> None:
+    fits = [
+        fit_dim(
+            k,
+            n,
+            [Sample(dim=k, phase="RS", full_bytes=b, time_s=c + b * (n - 1) / n / bw) for b in (1e5, 1e7)],
+        )
+        for k, (n, c, bw) in enumerate([(2, 0.002, 6e6), (4, 0.001, 24e6)])
+    ]
+    topology = calibrated_topology(fits)
+    for fit in fits:
+        for full_bytes in (64 * 1024, 16 << 20):
+            assert op_time_s(topology, (fit.dim,), full_bytes) == pytest.approx(
+                fit.predict_s(full_bytes), rel=1e-9
+            )
+
+
+# --- bench bookkeeping ---------------------------------------------------------------
+
+
+def test_bench_reductions_and_json() -> None:
+    config = BenchConfig(sizes=(2, 2), rates_bits_per_s=(1e8, 1e8), messages_bytes=(1 << 20,))
+    rows = tuple(
+        BenchRow(name=name, message_bytes=1 << 20, num_ranks=4, times_s=times, predicted_s=pred)
+        for name, times, pred in (
+            ("hipipe", (1.0, 1.2, 1.1), 1.0),
+            (THEMIS, (2.0, 2.0, 2.0), 1.6),
+            (TORCH_NAME, (4.0, 4.0, 5.0), 4.0),
+        )
+    )
+    result = BenchResult(
+        config=config,
+        prefix="hp0000",
+        kernel="",
+        rates=(),
+        fits=(),
+        topology=Layout(prefix="hp0000", sizes=(2, 2), rates_bits_per_s=(1e8, 1e8)).nominal_topology(),
+        rows=rows,
+    )
+    assert result.reduction("hipipe", THEMIS, 1 << 20) == pytest.approx(1 - 1.1 / 2.0)
+    assert result.reduction("hipipe", THEMIS, 1 << 20, simulated=True) == pytest.approx(1 - 1.0 / 1.6)
+    assert result.reduction("hipipe", TORCH_NAME, 1 << 20) == pytest.approx(1 - 1.1 / 4.0)
+    assert math.isnan(result.reduction("ring", THEMIS, 1 << 20))
+    document = result_to_dict(result)
+    hipipe = document["rows"][0]
+    assert hipipe["median_s"] == pytest.approx(1.1)
+    assert hipipe["busbw_bytes_per_s"] == pytest.approx((1 << 20) / 1.1 * 2 * 3 / 4)
+    assert document["rows"][2]["reduction_vs_torch"] == pytest.approx(0.0)
+    with pytest.raises(TestbedError):
+        BenchConfig(sizes=(2, 2), rates_bits_per_s=(1e8, 1e8), messages_bytes=(1001,))
+
+
+# --- the real testbed (root) ---------------------------------------------------------
+
+
+def _root_skip_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root (network namespaces and tc)"
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            return f"{tool} not found: install iproute2"
+    if not Path("/proc/self/ns/net").exists():
+        return "no network namespace support in this kernel"
+    probe = subprocess.run(["ip", "netns", "list"], capture_output=True, check=False)
+    if probe.returncode != 0:
+        return "`ip netns list` fails: no netns support"
+    return None
+
+
+@pytest.mark.root
+@pytest.mark.slow
+def test_testbed_rates_and_one_small_benchmark(tmp_path: Path) -> None:
+    reason = _root_skip_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    pytest.importorskip("torch", reason="the benchmark needs torch")
+    from hipipe.testbed.ratecheck import check_rates
+
+    state_dir = tmp_path / "state"
+    prefix = new_prefix()
+    while netns.existing_netns(prefix):
+        prefix = new_prefix()
+    rates = (40e6, 120e6)
+    try:
+        testbed = netns.up((2, 2), rates, prefix=prefix, state_dir=state_dir)
+        assert len(netns.existing_netns(prefix)) == 5
+        measured = check_rates(testbed.layout, duration_s=1.5, warmup_s=0.5)
+        for rate in measured:
+            assert rate.median_bits_per_s == pytest.approx(rate.target_bits_per_s, rel=0.10), rate
+        netns.down(prefix, state_dir=state_dir)
+        assert netns.existing_netns(prefix) == []
+
+        from hipipe.testbed.bench import run_bench
+
+        config = BenchConfig(
+            sizes=(2, 2),
+            rates_bits_per_s=rates,
+            messages_bytes=(1 << 20,),
+            planners=("hipipe", THEMIS),
+            warmup=1,
+            repeats=1,
+            calibration_sizes_bytes=(64 * 1024, 512 * 1024),
+            calibration_repeats=1,
+            rate_check_s=0.5,
+        )
+        result = run_bench(config, workdir=tmp_path / "bench", state_dir=state_dir, prefix=prefix)
+        assert {r.name for r in result.rows} == {"hipipe", THEMIS, TORCH_NAME}
+        assert all(r.median_s > 0 and r.predicted_s > 0 for r in result.rows)
+        assert len(result.gantt_panels) == 2
+    finally:
+        netns.down(prefix, state_dir=state_dir)
+        assert netns.existing_netns(prefix) == []
+    assert not list(state_dir.glob("*.json"))
