@@ -455,7 +455,7 @@ def _start(run: _ChunkRun, op: Op, groups: list[list[int]]) -> None:
     pieces = list(run.pieces)
     held = list(run.held)
     for members in groups:
-        if op.phase is Phase.RS:
+        if op.phase == Phase.RS:
             _reduce_scatter(run, op, members, pieces, held)
         else:
             _all_gather(run, op, members, pieces, held)
@@ -611,7 +611,7 @@ def _dims_text(dims: Sequence[int]) -> str:
 
 def _describe(op: Op) -> str:
     """``chunk 3, op 5 (AG on dim 1)``."""
-    return f"chunk {op.chunk}, op {op.index} ({op.phase.value} on {_dims_text(op.dims)})"
+    return f"chunk {op.chunk}, op {op.index} ({op.phase!s} on {_dims_text(op.dims)})"
 
 
 def _order_text(order: Sequence[DimGroup]) -> str:
