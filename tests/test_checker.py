@@ -115,6 +115,17 @@ def test_chunk_that_skips_a_dimension() -> None:
     )
 
 
+def test_chunk_that_visits_a_dimension_twice() -> None:
+    topo = load_topology(TWO_DIMS)
+    order = ((0,), (0,), (1,))
+    broken = simulate_chunks(topo, M, [Chunk(index=0, size_bytes=float(M), order=order)])
+    assert_rejected(
+        check(broken),
+        "chunk 0's order (0, 0, 1) visits dim 0 2 times",
+        "symbolic run: chunk 0, op 1 (RS on dim 0): ranks 0 and 1 of one group work on different pieces",
+    )
+
+
 def test_chunk_ops_on_the_wrong_dimension() -> None:
     schedule = plan(load_topology(TWO_DIMS), M, "hierarchical")
     broken = replace_op(schedule, 1, dims=(0,))
@@ -233,6 +244,10 @@ def test_wrong_makespan_and_bad_times() -> None:
     op = schedule.ops[0]
     assert_rejected(
         check(replace_op(schedule, 0, start_s=op.end_s, end_s=op.start_s)), "ends at 0.0 ns, before it starts"
+    )
+    assert_rejected(
+        check(replace_op(schedule, 0, start_s=-op.end_s)),
+        "chunk 0, op 0 (RS on dim 0) starts at a negative time",
     )
 
 
