@@ -169,7 +169,7 @@ topologies = st.lists(dimensions, min_size=1, max_size=4).map(lambda dims: Topol
 messages = st.integers(10, 36).map(lambda exponent: 2**exponent)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(topology=topologies, message=messages)
 def test_hipipe_never_loses_to_a_baseline(topology, message):
     schedule = plan(topology, message, "hipipe")

@@ -41,37 +41,32 @@ class OrderMix:
     """Each dimension's busy time per byte of message under the mix."""
 
 
-def order_mix(topology: Topology) -> OrderMix:
-    """Solve the fluid LP over all ``D!`` orders with HiGHS; return the mix's support.
-
-    Per-byte times are rescaled so the largest coefficient is 1 (the LP is then well
-    conditioned whatever the bandwidths), and scaled back afterwards.
-    """
-    num_dims = topology.num_dims
-    orders = list(itertools.permutations(range(num_dims)))
+def _per_byte_loads(topology: Topology) -> tuple[list[tuple[int, ...]], np.ndarray]:
+    """All orders, and ``load[k, p]``: seconds dim k spends per byte of message in order p."""
+    orders = list(itertools.permutations(range(topology.num_dims)))
     inverse_bandwidth = np.array([1.0 / d.bandwidth_bytes_per_s for d in topology.dims])
-    # load[k, p]: seconds dimension k spends per byte of message in order p.
     load = np.array([volume_per_byte(topology, order) for order in orders]).T * inverse_bandwidth[:, None]
-    scale = float(load.max())
-    coefficients = load / scale
-    num_orders = len(orders)
-    # Columns: x_0 .. x_{P-1}, T. Rows: D load rows (sum_p c_kp x_p - T <= 0), then sum x = 1.
+    return orders, load
+
+
+def _fluid_lp(coefficients: np.ndarray, constants: np.ndarray) -> tuple[np.ndarray, float]:
+    """``min T`` s.t. ``constants_k + sum_p coefficients[k, p] x_p <= T``, ``sum x = 1``, ``x >= 0``.
+
+    Returns ``(x, T)``. The caller scales the data so its largest entry is about 1.
+    """
+    num_dims, num_orders = coefficients.shape
+    # Columns: x_0 .. x_{P-1}, T. Rows: D load rows, then sum x = 1.
     rows = np.vstack(
         [np.hstack([coefficients, -np.ones((num_dims, 1))]), np.append(np.ones(num_orders), 0.0)]
     )
-    row_lower = np.append(np.full(num_dims, -np.inf), 1.0)
-    row_upper = np.append(np.zeros(num_dims), 1.0)
-    cost = np.append(np.zeros(num_orders), 1.0)
-    col_lower = np.zeros(num_orders + 1)
-    col_upper = np.append(np.ones(num_orders), np.inf)
     lp = highspy.HighsLp()
     lp.num_col_ = num_orders + 1
     lp.num_row_ = num_dims + 1
-    lp.col_cost_ = cost
-    lp.col_lower_ = col_lower
-    lp.col_upper_ = col_upper
-    lp.row_lower_ = row_lower
-    lp.row_upper_ = row_upper
+    lp.col_cost_ = np.append(np.zeros(num_orders), 1.0)
+    lp.col_lower_ = np.zeros(num_orders + 1)
+    lp.col_upper_ = np.append(np.ones(num_orders), np.inf)
+    lp.row_lower_ = np.append(np.full(num_dims, -np.inf), 1.0)
+    lp.row_upper_ = np.append(-constants, 1.0)
     nonzero_cols, nonzero_rows = np.nonzero(rows.T)  # column-major order, as CSC wants
     lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
     lp.a_matrix_.start_ = np.searchsorted(nonzero_cols, np.arange(num_orders + 2)).astype(np.int32)
@@ -80,10 +75,21 @@ def order_mix(topology: Topology) -> OrderMix:
     solver = new_highs()
     solver.passModel(lp)
     run_and_check(solver, "the order-mix LP")
-    x = np.clip(np.asarray(solver.getSolution().col_value[:num_orders]), 0.0, None)
+    values = np.asarray(solver.getSolution().col_value)
+    x = np.clip(values[:num_orders], 0.0, None)
     if not x.sum() > 0:
-        raise SolverError("order-mix LP returned an empty mix")
-    x /= x.sum()
+        raise SolverError("the order-mix LP returned an empty mix")
+    return x / x.sum(), float(values[-1])
+
+
+def order_mix(topology: Topology) -> OrderMix:
+    """Solve the fluid LP over all ``D!`` orders with HiGHS; return the mix's support.
+
+    Per-byte times are rescaled so the largest coefficient is 1 (the LP is then well
+    conditioned whatever the bandwidths), and scaled back afterwards.
+    """
+    orders, load = _per_byte_loads(topology)
+    x, _ = _fluid_lp(load / float(load.max()), np.zeros(topology.num_dims))
     support = [p for p in np.argsort(-x, kind="stable") if x[p] > SUPPORT_EPSILON]
     weights = x[support] / x[support].sum()
     loads = load[:, support] @ weights
@@ -100,12 +106,26 @@ def order_mix_bound_s(topology: Topology, message_bytes: float) -> float:
     return order_mix(topology).time_per_byte_s * message_bytes
 
 
-def latency_floor_s(topology: Topology, num_chunks: int) -> float:
-    """Latency every dimension pays with ``num_chunks`` chunks: ``2 K a_k steps_k``, the largest.
+def latency_aware_bound_s(topology: Topology, message_bytes: float) -> float:
+    """A floor for every hierarchical schedule once per-op latency is counted.
 
-    Each chunk runs one RS and one AG on every dimension, whatever its order.
+    One chunk overlaps nothing: its time is its chain, shortest in fastest-first order
+    (descending bandwidth). Two chunks or more: every dim runs at least 2 RS + 2 AG, each
+    paying its latency ``a_k steps_k``, on top of its share of the fluid load; so
+    ``T >= min_x max_k (4 a_k steps_k + M load_k(x))``. The floor is the smaller of the
+    two. Shows when a utilization goal is out of reach of the cost model itself.
     """
-    return max(2 * num_chunks * d.latency_s * d.latency_steps for d in topology.dims)
+    constants = np.array([d.latency_s * d.latency_steps for d in topology.dims])
+    order = sorted(range(topology.num_dims), key=lambda k: (-topology.dims[k].bandwidth_bytes_per_s, k))
+    volumes = volume_per_byte(topology, order)
+    chain_s = sum(
+        2 * constants[k] + volumes[k] * message_bytes / topology.dims[k].bandwidth_bytes_per_s
+        for k in range(topology.num_dims)
+    )
+    _, load = _per_byte_loads(topology)
+    scale = float(load.max()) * message_bytes + float(constants.max())
+    _, pipelined = _fluid_lp(load * message_bytes / scale, 4 * constants / scale)
+    return float(min(chain_s, pipelined * scale))
 
 
 def new_highs() -> Any:

@@ -37,6 +37,8 @@ def explain(schedule: Schedule) -> str:
         f" {info.get('lp_solves', 0)} LP solves, {info.get('simplex_iterations', 0)} simplex iterations)"
     )
     candidates = info.get("candidates", [])
+    failed = [c for c in candidates if "error" in c]
+    candidates = [c for c in candidates if "error" not in c]
     if candidates:
         best = min(c["makespan_s"] for c in candidates)
         tried = ", ".join(
@@ -45,6 +47,8 @@ def explain(schedule: Schedule) -> str:
             for c in candidates
         )
         lines.append(f"candidates tried (K=time): {tried}")
+    for entry in failed:
+        lines.append(f"skipped K={entry['num_chunks']} {entry['source']}: {entry['error']}")
     mix = info.get("order_mix", [])
     if mix:
         lines.append(

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from hipipe.bounds import OrderMix
+from hipipe.errors import SolverError
 from hipipe.planners.baselines import plan_hierarchical, plan_pipelined, plan_themis
 from hipipe.planners.hipipe.sequencing import Rule, list_schedule, longest_path_s
 from hipipe.planners.hipipe.sizing import SizingModel
@@ -27,6 +28,12 @@ FASTEST_FIRST_MAX_CHUNKS = 8
 
 FULL_ROUNDS_MAX_CHUNKS = 16
 """Above this K, one re-sequencing round only: LPs grow with K and late rounds gain little."""
+
+PROBE_CHUNKS: tuple[int, ...] = (32,)
+"""Extra Ks tried after the ladder stops, when pipelining pays at all (see PROBE_MIN_CHUNKS)."""
+
+PROBE_MIN_CHUNKS = 6
+"""Probe only when the ladder's best K is at least this (a bandwidth-bound message)."""
 
 IMPROVEMENT = 1e-9
 """Relative gain below which a new candidate does not count as better (LP noise)."""
@@ -138,7 +145,7 @@ def _optimize_structure(
         durations = table.durations_s(best.sizes_bytes)
         pending = [list_schedule(table, durations, rule) for rule in Rule]
     assert best is not None
-    return best
+    return drop_empty_chunks(topology, message_bytes, best, unit_s=unit_s, log=log)
 
 
 def fastest_first(topology: Topology) -> Order:
@@ -224,6 +231,56 @@ def baseline_seeds(topology: Topology, message_bytes: int, num_chunks: int | Non
     return seeds
 
 
+def _best_for_chunks(
+    topology: Topology,
+    message_bytes: int,
+    mix: OrderMix,
+    num_chunks: int,
+    *,
+    options: SearchOptions,
+    unit_s: float,
+    log: SearchLog,
+) -> Candidate | None:
+    """Best candidate over the order families for one K (logged in ``log.tried``); None if
+    every LP failed."""
+    best_here: Candidate | None = None
+    rounds = options.max_rounds if num_chunks <= FULL_ROUNDS_MAX_CHUNKS else min(1, options.max_rounds)
+    for source, orders in _families(topology, mix, num_chunks, options):
+        try:
+            candidate = _candidate_for(
+                topology,
+                message_bytes,
+                source,
+                orders,
+                options=replace(options, max_rounds=rounds),
+                unit_s=unit_s,
+                log=log,
+            )
+        except SolverError as error:
+            # One structure's LP failing is no reason to fail the plan: skip it, say so.
+            log.tried.append({"num_chunks": num_chunks, "source": source, "error": str(error)})
+            continue
+        log.tried.append(
+            {
+                "num_chunks": num_chunks,
+                "kept_chunks": candidate.structure.num_chunks,
+                "source": source,
+                "makespan_s": candidate.makespan_s,
+            }
+        )
+        if _better(best_here, candidate):
+            best_here = candidate
+    return best_here
+
+
+def _requested_chunks(log: SearchLog, best: Candidate) -> int:
+    """The K the ladder asked for when it found ``best`` (before empty chunks were dropped)."""
+    for entry in log.tried:
+        if entry["makespan_s"] == best.makespan_s and "kept_chunks" in entry:
+            return int(entry["num_chunks"])
+    return best.structure.num_chunks
+
+
 def search(
     topology: Topology,
     message_bytes: int,
@@ -236,31 +293,34 @@ def search(
     unit_s = time_unit_s(topology, message_bytes, mix)
     best: Candidate | None = None
     misses = 0
+    tried: set[int] = set()
     for num_chunks in options.chunk_counts:
-        best_here: Candidate | None = None
-        for source, orders in _families(topology, mix, num_chunks, options):
-            rounds = (
-                options.max_rounds if num_chunks <= FULL_ROUNDS_MAX_CHUNKS else min(1, options.max_rounds)
-            )
-            candidate = _candidate_for(
-                topology,
-                message_bytes,
-                source,
-                orders,
-                options=replace(options, max_rounds=rounds),
-                unit_s=unit_s,
-                log=log,
-            )
-            log.tried.append({"num_chunks": num_chunks, "source": source, "makespan_s": candidate.makespan_s})
-            if _better(best_here, candidate):
-                best_here = candidate
-        assert best_here is not None
-        if _better(best, best_here):
+        tried.add(num_chunks)
+        best_here = _best_for_chunks(
+            topology, message_bytes, mix, num_chunks, options=options, unit_s=unit_s, log=log
+        )
+        if best_here is not None and _better(best, best_here):
             best, misses = best_here, 0
         else:
             misses += 1
             if misses >= (options.patience if num_chunks <= FULL_ROUNDS_MAX_CHUNKS else 1):
                 break
+    if (
+        best is not None
+        and len(options.chunk_counts) > 1
+        and _requested_chunks(log, best) >= PROBE_MIN_CHUNKS
+    ):
+        # Probes: many chunks, one round. The LP empties the chunks it does not want and
+        # they are dropped, so a large K lets the LP choose which chunks to keep: it finds
+        # structures the ladder's neighbours miss.
+        for num_chunks in PROBE_CHUNKS:
+            if num_chunks in tried:
+                continue
+            candidate = _best_for_chunks(
+                topology, message_bytes, mix, num_chunks, options=options, unit_s=unit_s, log=log
+            )
+            if candidate is not None and _better(best, candidate):
+                best = candidate
     assert best is not None
     baselines: dict[str, float] = {}
     if options.baseline_seeds:
@@ -269,28 +329,30 @@ def search(
             baselines[seed.structure.source] = seed.makespan_s
             if forced is not None and seed.structure.num_chunks != forced:
                 continue
-            if best.makespan_s <= seed.makespan_s:
+            if best is not None and best.makespan_s <= seed.makespan_s:
                 continue  # already at least as good: no need to improve this seed
-            candidate = _optimize_structure(
-                topology,
-                message_bytes,
-                seed.structure.orders,
-                [seed.structure.sequences],
-                source=seed.structure.source,
-                options=replace(options, max_rounds=0),
-                unit_s=unit_s,
-                log=log,
-                resequence=False,
+            own_sizes = Candidate(
+                structure=seed.structure,
+                sizes_bytes=seed.sizes_bytes,
+                makespan_s=seed.makespan_s,
+                lp_makespan_s=None,
             )
-            if candidate.makespan_s > seed.makespan_s:
-                # LP round-off made it (negligibly) worse than the point it started from:
-                # keep the baseline's own sizes, which are feasible by construction.
-                candidate = Candidate(
-                    structure=seed.structure,
-                    sizes_bytes=seed.sizes_bytes,
-                    makespan_s=seed.makespan_s,
-                    lp_makespan_s=candidate.lp_makespan_s,
+            try:
+                candidate = _optimize_structure(
+                    topology,
+                    message_bytes,
+                    seed.structure.orders,
+                    [seed.structure.sequences],
+                    source=seed.structure.source,
+                    options=replace(options, max_rounds=0),
+                    unit_s=unit_s,
+                    log=log,
+                    resequence=False,
                 )
+            except SolverError:
+                candidate = own_sizes  # the baseline's own sizes are feasible by construction
+            if candidate.makespan_s > seed.makespan_s:
+                candidate = own_sizes  # LP round-off lost a hair against its starting point
             log.tried.append(
                 {
                     "num_chunks": seed.structure.num_chunks,
@@ -298,13 +360,16 @@ def search(
                     "makespan_s": candidate.makespan_s,
                 }
             )
-            if _better(best, candidate) or candidate.makespan_s < best.makespan_s:
+            if best is None or candidate.makespan_s < best.makespan_s:
                 best = candidate
+    if best is None:
+        errors = [entry["error"] for entry in log.tried if "error" in entry]
+        raise SolverError(errors[-1] if errors else "no candidate schedule was found")
     return best, baselines
 
 
 def drop_empty_chunks(
-    topology: Topology, message_bytes: int, candidate: Candidate, *, unit_s: float, log: SearchLog
+    topology: Topology, message_bytes: float, candidate: Candidate, *, unit_s: float, log: SearchLog
 ) -> Candidate:
     """Remove zero-size chunks (they would pay latency for nothing) and re-solve the LP.
 

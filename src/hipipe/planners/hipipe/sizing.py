@@ -26,8 +26,27 @@ from typing import Any
 import numpy as np
 
 from hipipe.bounds import new_highs, run_and_check
+from hipipe.errors import SolverError
 from hipipe.planners.hipipe.structure import Order, op_table
 from hipipe.topology import Topology
+
+SOLVER_OPTIONS: dict[str, Any] = {
+    "presolve": "off",
+    "primal_feasibility_tolerance": 1e-9,
+    "dual_feasibility_tolerance": 1e-9,
+}
+"""Presolve costs more than it saves on these small sparse LPs. Tight tolerances: a
+row may be violated by the tolerance (in units of the rough makespan), and a path adds
+up one violation per op, so HiGHS' default 1e-7 drifted 1.6e-5 over a 124-op chain in
+a generated case; 1e-9 keeps LP and simulator within 1e-6 (1e-10 made HiGHS give up
+with status Unknown on some degenerate LPs)."""
+
+FALLBACK_OPTIONS: dict[str, Any] = {
+    "primal_feasibility_tolerance": 1e-7,
+    "dual_feasibility_tolerance": 1e-7,
+    "simplex_strategy": 4,
+}
+"""Second attempt after a failed solve: HiGHS' default tolerances, primal simplex."""
 
 ZERO_CHUNK_FRACTION = 1e-12
 """A chunk below this fraction of the message is empty: dropped, not paid latency for."""
@@ -68,7 +87,8 @@ class SizingModel:
         self._alpha = table.constant_s / time_unit_s
         self._beta = table.per_chunk_byte_s * self.message_bytes / time_unit_s
         self._solver = new_highs()
-        for name, value in (options or {}).items():
+        self._options = dict(options or {})
+        for name, value in {**SOLVER_OPTIONS, **self._options}.items():
             self._solver.setOptionValue(name, value)
         num_cols = self.num_chunks + table.num_ops + 1
         self._t_col = self.num_chunks
@@ -142,7 +162,20 @@ class SizingModel:
             self._add_precedences(pairs[:, 0], pairs[:, 1])
             current = current + fresh
         self._sequence_pairs = current
-        run_and_check(self._solver, f"the chunk-size LP ({self.num_chunks} chunks)")
+        what = f"the chunk-size LP ({self.num_chunks} chunks)"
+        try:
+            run_and_check(self._solver, what)
+        except SolverError:
+            # Degenerate LPs can stall HiGHS at tight tolerances: retry cold, then cold with
+            # HiGHS' defaults (the planner's LP-vs-simulator check still guards the result).
+            self._solver.clearSolver()
+            for name, value in FALLBACK_OPTIONS.items():
+                self._solver.setOptionValue(name, value)
+            try:
+                run_and_check(self._solver, what)
+            finally:
+                for name, value in {**SOLVER_OPTIONS, **self._options}.items():
+                    self._solver.setOptionValue(name, value)
         values = np.asarray(self._solver.getSolution().col_value)
         fractions = np.clip(values[: self.num_chunks], 0.0, None)
         fractions[fractions < ZERO_CHUNK_FRACTION] = 0.0

@@ -1,0 +1,324 @@
+"""Every planner over the reference configurations: time, utilization, reductions, plan time.
+
+    python benchmarks/planners.py [--quick] [--out benchmarks/results]
+
+Prints one card per configuration, then the goals (met or missed, with the ceiling the
+cost model allows), and ends with one JSON line. With ``--out DIR`` it also writes
+``planners-<machine>-<date>.md`` and ``.png`` (utilization vs message size, one line per
+planner, one panel per configuration). Plan time is the wall time of one planner call,
+chunk-number search included.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from hipipe import BASELINES, PLANNERS, plan
+from hipipe.bounds import latency_aware_bound_s, order_mix_bound_s
+from hipipe.cost import lower_bound_s
+from hipipe.presets import PRESETS
+
+MIB = 1024**2
+MESSAGES = (1 * MIB, 16 * MIB, 64 * MIB, 256 * MIB, 1024 * MIB, 4096 * MIB)
+QUICK_MESSAGES = (1 * MIB, 256 * MIB, 4096 * MIB)
+QUICK_PRESETS = ("rfs-3d", "tpu-2d", "hgx-h100-32")
+MIX_GOAL_PRESETS = ("switch-3d-512", "tpu-2d", "hgx-h100-32")
+BIG_BYTES = 256 * MIB
+MIX_GOAL_BYTES = 1024 * MIB
+
+
+def _size(message_bytes: int) -> str:
+    return f"{message_bytes // 1024**3} GiB" if message_bytes >= 1024**3 else f"{message_bytes // MIB} MiB"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.4g}"
+
+
+def run_cell(preset: str, message_bytes: int) -> dict[str, Any]:
+    """All planners on one (configuration, message): times, plan times, bounds."""
+    topology = PRESETS[preset]()
+    cell: dict[str, Any] = {
+        "preset": preset,
+        "message_bytes": message_bytes,
+        "num_dims": topology.num_dims,
+        "lower_bound_s": lower_bound_s(topology, message_bytes),
+        "order_mix_bound_s": order_mix_bound_s(topology, message_bytes),
+        "latency_aware_bound_s": latency_aware_bound_s(topology, message_bytes),
+        "planners": {},
+    }
+    for name in PLANNERS:
+        start = time.perf_counter()
+        schedule = plan(topology, message_bytes, name)
+        plan_s = time.perf_counter() - start
+        cell["planners"][name] = {
+            "time_s": schedule.makespan_s,
+            "utilization": cell["lower_bound_s"] / schedule.makespan_s,
+            "plan_s": plan_s,
+            "num_chunks": schedule.num_chunks,
+        }
+    times = {name: cell["planners"][name]["time_s"] for name in BASELINES}
+    best = min(times, key=lambda name: times[name])
+    hipipe_s = cell["planners"]["hipipe"]["time_s"]
+    cell["best_baseline"] = best
+    cell["reduction_vs_best"] = 1 - hipipe_s / times[best]
+    cell["reduction_vs_themis"] = 1 - hipipe_s / times["themis"]
+    cell["ceiling_vs_best"] = 1 - max(cell["order_mix_bound_s"], cell["latency_aware_bound_s"]) / times[best]
+    cell["ceiling_vs_themis"] = (
+        1 - max(cell["order_mix_bound_s"], cell["latency_aware_bound_s"]) / times["themis"]
+    )
+    cell["utilization_of_mix_bound"] = cell["order_mix_bound_s"] / hipipe_s
+    cell["max_utilization_of_mix_bound"] = cell["order_mix_bound_s"] / cell["latency_aware_bound_s"]
+    cell["hipipe_never_slower"] = all(hipipe_s <= t for t in times.values())
+    return cell
+
+
+def card(console: Console, preset: str, cells: list[dict[str, Any]]) -> None:
+    topology = PRESETS[preset]()
+    table = Table(title=f"{preset}: {topology.num_npus} NPUs", title_justify="left")
+    for column in (
+        "message",
+        "T* ms",
+        "T_mix ms",
+        "hipipe ms",
+        "U",
+        "U/U_mix",
+        "best baseline",
+        "vs best",
+        "themis ms",
+        "vs themis",
+        "K",
+        "plan ms",
+        "uniform U",
+        "k64 U",
+        "fixed-order U",
+    ):
+        table.add_column(column, justify="right")
+    for cell in cells:
+        planners = cell["planners"]
+        hipipe = planners["hipipe"]
+        best = cell["best_baseline"]
+        table.add_row(
+            _size(cell["message_bytes"]),
+            _ms(cell["lower_bound_s"]),
+            _ms(cell["order_mix_bound_s"]),
+            _ms(hipipe["time_s"]),
+            f"{hipipe['utilization']:.3f}",
+            f"{cell['utilization_of_mix_bound']:.4f}",
+            f"{best} {_ms(planners[best]['time_s'])}",
+            f"{cell['reduction_vs_best']:+.1%}",
+            _ms(planners["themis"]["time_s"]),
+            f"{cell['reduction_vs_themis']:+.1%}",
+            str(hipipe["num_chunks"]),
+            f"{hipipe['plan_s'] * 1e3:.1f}",
+            f"{planners['hipipe-uniform']['utilization']:.3f}",
+            f"{planners['hipipe-k64']['utilization']:.3f}",
+            f"{planners['hipipe-fixed-order']['utilization']:.3f}",
+        )
+    console.print(table)
+
+
+def summarize(cells: list[dict[str, Any]]) -> dict[str, Any]:
+    """The goals of the issue, each with its measured value and what the cost model allows."""
+    big = [c for c in cells if c["message_bytes"] >= BIG_BYTES]
+    mix_cells = [c for c in cells if c["preset"] in MIX_GOAL_PRESETS and c["message_bytes"] >= MIX_GOAL_BYTES]
+    plan_times = [c["planners"]["hipipe"]["plan_s"] for c in cells if c["num_dims"] <= 4]
+    mean = statistics.fmean
+    return {
+        "cells": len(cells),
+        "never_slower_violations": sum(not c["hipipe_never_slower"] for c in cells),
+        "mean_reduction_vs_best_256MiB_up": mean(c["reduction_vs_best"] for c in big) if big else None,
+        "ceiling_reduction_vs_best_256MiB_up": mean(c["ceiling_vs_best"] for c in big) if big else None,
+        "mean_reduction_vs_themis": mean(c["reduction_vs_themis"] for c in cells),
+        "ceiling_reduction_vs_themis": mean(c["ceiling_vs_themis"] for c in cells),
+        "utilization_of_mix_bound_1GiB_up": {
+            f"{c['preset']}@{_size(c['message_bytes'])}": round(c["utilization_of_mix_bound"], 5)
+            for c in mix_cells
+        },
+        "max_utilization_of_mix_bound_1GiB_up": {
+            f"{c['preset']}@{_size(c['message_bytes'])}": round(c["max_utilization_of_mix_bound"], 5)
+            for c in mix_cells
+        },
+        "plan_time_median_s": statistics.median(plan_times) if plan_times else None,
+        "plan_time_max_s": max(plan_times) if plan_times else None,
+    }
+
+
+def goals_text(summary: dict[str, Any]) -> list[str]:
+    def verdict(ok: bool) -> str:
+        return "met" if ok else "MISSED"
+
+    mix_values = summary["utilization_of_mix_bound_1GiB_up"]
+    mix_missed = {k: v for k, v in mix_values.items() if v < 0.99}
+    lines = [
+        f"- hipipe never slower than a baseline: {summary['never_slower_violations']} violations in "
+        f"{summary['cells']} cells ({verdict(summary['never_slower_violations'] == 0)})",
+    ]
+    if summary["mean_reduction_vs_best_256MiB_up"] is not None:
+        lines.append(
+            f"- mean reduction vs best baseline, >= 256 MiB: {summary['mean_reduction_vs_best_256MiB_up']:.1%}"
+            f" (goal 30%: {verdict(summary['mean_reduction_vs_best_256MiB_up'] >= 0.30)};"
+            f" ceiling of the cost model, 1 - max(T_mix, latency floor)/T_best:"
+            f" {summary['ceiling_reduction_vs_best_256MiB_up']:.1%})"
+        )
+    lines.append(
+        f"- mean reduction vs themis, whole grid: {summary['mean_reduction_vs_themis']:.1%}"
+        f" (goal 60%: {verdict(summary['mean_reduction_vs_themis'] >= 0.60)};"
+        f" ceiling {summary['ceiling_reduction_vs_themis']:.1%})"
+    )
+    if mix_values:
+        ceilings = summary["max_utilization_of_mix_bound_1GiB_up"]
+        lines.append(
+            f"- U / U_mix >= 0.99 at >= 1 GiB on {', '.join(MIX_GOAL_PRESETS)}: "
+            f"min {min(mix_values.values()):.4f} ({verdict(not mix_missed)})"
+            + (
+                "; below 0.99: "
+                + ", ".join(
+                    f"{k} {v:.4f} (cost-model ceiling {ceilings[k]:.4f})" for k, v in mix_missed.items()
+                )
+                if mix_missed
+                else ""
+            )
+        )
+    lines.append(
+        f"- plan time (<= 4 dims): median {summary['plan_time_median_s'] * 1e3:.1f} ms (goal 50 ms:"
+        f" {verdict(summary['plan_time_median_s'] <= 0.05)}), max {summary['plan_time_max_s'] * 1e3:.1f} ms"
+        f" (goal 500 ms: {verdict(summary['plan_time_max_s'] <= 0.5)})"
+    )
+    return lines
+
+
+def write_markdown(path: Path, cells: list[dict[str, Any]], summary: dict[str, Any], machine: str) -> None:
+    lines = [
+        f"# Planners benchmark ({machine}, {datetime.date.today().isoformat()})",
+        "",
+        "Generated by `python benchmarks/planners.py --out benchmarks/results`. Times from the",
+        "simulator under the alpha-beta cost model; U = T*/T; U/U_mix = T_mix/T; reductions are",
+        "`1 - T_hipipe / T_baseline`; plan time is one `hipipe` call, chunk-number search included.",
+        "",
+        "## Goals",
+        "",
+        *goals_text(summary),
+        "",
+    ]
+    by_preset: dict[str, list[dict[str, Any]]] = {}
+    for cell in cells:
+        by_preset.setdefault(cell["preset"], []).append(cell)
+    names = list(PLANNERS)
+    for preset, group in by_preset.items():
+        topology = PRESETS[preset]()
+        lines += [f"## {preset} ({topology.num_npus} NPUs)", "", "```", topology.describe(), "```", ""]
+        lines.append(
+            "| message | T* ms | T_mix ms | hipipe ms | U | U/U_mix | best baseline | vs best | vs themis | K | plan ms |"
+        )
+        lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
+        for cell in group:
+            hipipe = cell["planners"]["hipipe"]
+            best = cell["best_baseline"]
+            lines.append(
+                f"| {_size(cell['message_bytes'])} | {_ms(cell['lower_bound_s'])} | {_ms(cell['order_mix_bound_s'])}"
+                f" | {_ms(hipipe['time_s'])} | {hipipe['utilization']:.3f} | {cell['utilization_of_mix_bound']:.4f}"
+                f" | {best} {_ms(cell['planners'][best]['time_s'])} | {cell['reduction_vs_best']:+.1%}"
+                f" | {cell['reduction_vs_themis']:+.1%} | {hipipe['num_chunks']} | {hipipe['plan_s'] * 1e3:.1f} |"
+            )
+        lines += ["", "Utilization per planner:", ""]
+        lines.append("| message | " + " | ".join(names) + " |")
+        lines.append("|---|" + "---|" * len(names))
+        for cell in group:
+            lines.append(
+                f"| {_size(cell['message_bytes'])} | "
+                + " | ".join(f"{cell['planners'][n]['utilization']:.3f}" for n in names)
+                + " |"
+            )
+        lines.append("")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def write_plot(path: Path, cells: list[dict[str, Any]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    presets = list(dict.fromkeys(c["preset"] for c in cells))
+    columns = 3
+    rows = (len(presets) + columns - 1) // columns
+    figure, axes = plt.subplots(rows, columns, figsize=(5 * columns, 3.6 * rows), squeeze=False)
+    for index, preset in enumerate(presets):
+        axis = axes[index // columns][index % columns]
+        group = [c for c in cells if c["preset"] == preset]
+        sizes = [c["message_bytes"] / MIB for c in group]
+        for name in PLANNERS:
+            style = "-" if name == "hipipe" else ("--" if name.startswith("hipipe") else ":")
+            axis.plot(
+                sizes,
+                [c["planners"][name]["utilization"] for c in group],
+                style,
+                marker="o",
+                markersize=3,
+                linewidth=2.2 if name == "hipipe" else 1.2,
+                label=name,
+            )
+        axis.plot(
+            sizes,
+            [c["lower_bound_s"] / c["order_mix_bound_s"] for c in group],
+            color="black",
+            linewidth=0.8,
+            label="order-mix bound",
+        )
+        axis.set_xscale("log", base=2)
+        axis.set_ylim(0, 1.02)
+        axis.set_title(preset)
+        axis.set_xlabel("message (MiB)")
+        axis.set_ylabel("utilization T*/T")
+        axis.grid(alpha=0.3)
+    for index in range(len(presets), rows * columns):
+        axes[index // columns][index % columns].axis("off")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    figure.legend(handles, labels, loc="lower center", ncol=5, fontsize=8)
+    figure.tight_layout(rect=(0, 0.07, 1, 1))
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="3 configurations x 3 messages")
+    parser.add_argument("--out", type=Path, help="write the markdown report and the PNG plot here")
+    args = parser.parse_args(argv)
+    presets = QUICK_PRESETS if args.quick else tuple(PRESETS)
+    messages = QUICK_MESSAGES if args.quick else MESSAGES
+    console = Console(width=200)
+    cells: list[dict[str, Any]] = []
+    plan(PRESETS["tpu-2d"](), MIB, "hipipe")  # warm-up: imports and first-call costs are not plan time
+    for preset in presets:
+        group = [run_cell(preset, message) for message in messages]
+        cells.extend(group)
+        card(console, preset, group)
+    summary = summarize(cells)
+    console.print("Goals:")
+    for line in goals_text(summary):
+        console.print(line, highlight=False)
+    machine = f"{os.cpu_count()}cpu"
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        stem = f"planners-{machine}-{datetime.date.today().isoformat()}"
+        write_markdown(args.out / f"{stem}.md", cells, summary, machine)
+        write_plot(args.out / f"{stem}.png", cells)
+        console.print(f"wrote {args.out / stem}.md and .png")
+    sys.stdout.flush()
+    print(json.dumps({"benchmark": "planners", "machine": machine, "summary": summary, "cells": cells}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
