@@ -1,0 +1,92 @@
+"""A DDP communication hook: ``DistributedDataParallel`` averages gradients with hipipe.
+
+Usage, on every rank after ``init_process_group``::
+
+    state = HipipeHookState.create(topology, planner="hipipe")
+    model.register_comm_hook(state, hipipe_hook)
+
+DDP hands the hook one flat gradient bucket at a time, the same buckets in the same
+order on every rank. A schedule is planned per bucket size (a schedule is for one
+message size) and its executor kept for the next steps; building an executor is
+collective, which is safe here because every rank meets the same bucket sizes in the
+same order. The result is the mean, as with DDP's default hook.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from hipipe.planners import plan
+from hipipe.schedule import Schedule
+from hipipe.topology import Topology
+from hipipe.torch.collectives import ReduceOp
+from hipipe.torch.executor import HierarchicalAllReduce
+from hipipe.torch.groups import DEFAULT_TIMEOUT_S, dimension_groups
+
+
+@dataclass(kw_only=True)
+class HipipeHookState:
+    """What the hook needs across steps; mutable only in its cache of executors."""
+
+    topology: Topology
+    planner: str
+    groups: Sequence[Any]
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    num_chunks: int | None = None
+    executors: dict[tuple[int, torch.dtype], HierarchicalAllReduce] = field(default_factory=dict)
+    """One executor per bucket (length, dtype), planned the first time the bucket is seen."""
+
+    @classmethod
+    def create(
+        cls,
+        topology: Topology,
+        *,
+        planner: str = "hipipe",
+        groups: Sequence[Any] | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        num_chunks: int | None = None,
+    ) -> "HipipeHookState":
+        """Make the per-dim groups (collective) unless given."""
+        if groups is None:
+            groups = dimension_groups(topology.sizes, timeout_s=timeout_s)
+        return cls(
+            topology=topology, planner=planner, groups=groups, timeout_s=timeout_s, num_chunks=num_chunks
+        )
+
+    def executor_for(self, tensor: torch.Tensor) -> HierarchicalAllReduce:
+        key = (tensor.numel(), tensor.dtype)
+        if key not in self.executors:
+            # Rank 0 plans and sends the schedule: N ranks planning the same LP at once cost N times the CPU.
+            payload: list[str | None] = [None]
+            if dist.get_rank() == 0:
+                size_bytes = tensor.numel() * tensor.element_size()
+                payload[0] = plan(
+                    self.topology, size_bytes, self.planner, num_chunks=self.num_chunks
+                ).to_json()
+            dist.broadcast_object_list(payload, src=0)
+            assert payload[0] is not None
+            self.executors[key] = HierarchicalAllReduce(
+                None,
+                Schedule.from_json(payload[0]),
+                groups=self.groups,
+                timeout_s=self.timeout_s,
+                check_peers=False,
+            )
+        return self.executors[key]
+
+
+def hipipe_hook(state: HipipeHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Average one gradient bucket across all ranks with the bucket's schedule.
+
+    Runs to completion before returning (DDP calls hooks one bucket after another):
+    two executors in flight at once on the same groups would reuse each other's tags.
+    The annotations are what DDP checks a hook's signature against.
+    """
+    tensor = bucket.buffer()
+    state.executor_for(tensor).run(tensor, op=ReduceOp.AVG)
+    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    future.set_result(tensor)
+    return future
