@@ -106,26 +106,36 @@ def order_mix_bound_s(topology: Topology, message_bytes: float) -> float:
     return order_mix(topology).time_per_byte_s * message_bytes
 
 
+def chunked_bound_s(topology: Topology, message_bytes: float, num_chunks: int) -> float:
+    """A floor for every hierarchical schedule with ``num_chunks`` chunks.
+
+    Each chunk runs one RS and one AG on every dim, each paying the dim's latency
+    ``a_k steps_k``, on top of the dim's share of the fluid load:
+    ``T >= min_x max_k (2 K a_k steps_k + M load_k(x))``. Grows with K, so once it passes
+    the best makespan found, no larger K can help (the planner stops its search there).
+    """
+    constants = np.array([d.latency_s * d.latency_steps for d in topology.dims]) * 2 * num_chunks
+    _, load = _per_byte_loads(topology)
+    scale = float(load.max()) * message_bytes + float(constants.max())
+    _, time = _fluid_lp(load * message_bytes / scale, constants / scale)
+    return time * scale
+
+
 def latency_aware_bound_s(topology: Topology, message_bytes: float) -> float:
     """A floor for every hierarchical schedule once per-op latency is counted.
 
     One chunk overlaps nothing: its time is its chain, shortest in fastest-first order
-    (descending bandwidth). Two chunks or more: every dim runs at least 2 RS + 2 AG, each
-    paying its latency ``a_k steps_k``, on top of its share of the fluid load; so
-    ``T >= min_x max_k (4 a_k steps_k + M load_k(x))``. The floor is the smaller of the
-    two. Shows when a utilization goal is out of reach of the cost model itself.
+    (descending bandwidth). Two chunks or more: :func:`chunked_bound_s` with K = 2. The
+    floor is the smaller of the two; it shows when a utilization goal is out of reach of
+    the cost model itself.
     """
-    constants = np.array([d.latency_s * d.latency_steps for d in topology.dims])
     order = sorted(range(topology.num_dims), key=lambda k: (-topology.dims[k].bandwidth_bytes_per_s, k))
     volumes = volume_per_byte(topology, order)
     chain_s = sum(
-        2 * constants[k] + volumes[k] * message_bytes / topology.dims[k].bandwidth_bytes_per_s
-        for k in range(topology.num_dims)
+        2 * d.latency_s * d.latency_steps + volumes[k] * message_bytes / d.bandwidth_bytes_per_s
+        for k, d in enumerate(topology.dims)
     )
-    _, load = _per_byte_loads(topology)
-    scale = float(load.max()) * message_bytes + float(constants.max())
-    _, pipelined = _fluid_lp(load * message_bytes / scale, 4 * constants / scale)
-    return float(min(chain_s, pipelined * scale))
+    return float(min(chain_s, chunked_bound_s(topology, message_bytes, 2)))
 
 
 def new_highs() -> Any:

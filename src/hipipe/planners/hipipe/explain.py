@@ -38,7 +38,8 @@ def explain(schedule: Schedule) -> str:
     )
     candidates = info.get("candidates", [])
     failed = [c for c in candidates if "error" in c]
-    candidates = [c for c in candidates if "error" not in c]
+    pruned = [c for c in candidates if "pruned" in c]
+    candidates = [c for c in candidates if "makespan_s" in c]
     if candidates:
         best = min(c["makespan_s"] for c in candidates)
         tried = ", ".join(
@@ -47,6 +48,8 @@ def explain(schedule: Schedule) -> str:
             for c in candidates
         )
         lines.append(f"candidates tried (K=time): {tried}")
+    for entry in pruned:
+        lines.append(f"stopped at K={entry['num_chunks']}: {entry['pruned']}")
     for entry in failed:
         lines.append(f"skipped K={entry['num_chunks']} {entry['source']}: {entry['error']}")
     mix = info.get("order_mix", [])

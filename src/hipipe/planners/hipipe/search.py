@@ -12,15 +12,15 @@ from typing import Any
 
 import numpy as np
 
-from hipipe.bounds import OrderMix
+from hipipe.bounds import OrderMix, chunked_bound_s
 from hipipe.errors import SolverError
 from hipipe.planners.baselines import plan_hierarchical, plan_pipelined, plan_themis
-from hipipe.planners.hipipe.sequencing import Rule, list_schedule, longest_path_s
+from hipipe.planners.hipipe.sequencing import BASIC_RULES, Rule, list_schedule, longest_path_s
 from hipipe.planners.hipipe.sizing import SizingModel
 from hipipe.planners.hipipe.structure import Order, Structure, assign_orders, op_table, without_chunks
 from hipipe.topology import Topology
 
-CHUNK_LADDER: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+CHUNK_LADDER: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 """Numbers of chunks tried, in order: about x1.4 apart, so the best is never far off."""
 
 FASTEST_FIRST_MAX_CHUNKS = 8
@@ -34,6 +34,17 @@ PROBE_CHUNKS: tuple[int, ...] = (32,)
 
 PROBE_MIN_CHUNKS = 6
 """Probe only when the ladder's best K is at least this (a bandwidth-bound message)."""
+
+ALL_RULES_MAX_CHUNKS = 8
+"""Up to this K, the first sequences come from every list-scheduling rule (LPs are cheap)."""
+
+MIN_GAIN = 0.002
+"""Above FULL_ROUNDS_MAX_CHUNKS, stop the ladder once a K gains less than this (relative)."""
+
+MAX_OPS = 512
+"""Ks whose chunks would have more ops than this (K * 2D) are not tried: LP time grows
+about quadratically with the ops, and so many chunks only pay off at zero latency,
+where they gain well under 1%."""
 
 IMPROVEMENT = 1e-9
 """Relative gain below which a new candidate does not count as better (LP noise)."""
@@ -143,7 +154,7 @@ def _optimize_structure(
         if not (resequence and improved) or best is None:
             break
         durations = table.durations_s(best.sizes_bytes)
-        pending = [list_schedule(table, durations, rule) for rule in Rule]
+        pending = [list_schedule(table, durations, rule) for rule in BASIC_RULES]
     assert best is not None
     return drop_empty_chunks(topology, message_bytes, best, unit_s=unit_s, log=log)
 
@@ -185,7 +196,8 @@ def _candidate_for(
     num_chunks = len(orders)
     table = op_table(topology, orders)
     durations = table.durations_s(np.full(num_chunks, message_bytes / num_chunks))
-    sequences = list(dict.fromkeys(list_schedule(table, durations, rule) for rule in Rule))
+    rules = tuple(Rule) if num_chunks <= ALL_RULES_MAX_CHUNKS else BASIC_RULES
+    sequences = list(dict.fromkeys(list_schedule(table, durations, rule) for rule in rules))
     return _optimize_structure(
         topology,
         message_bytes,
@@ -276,7 +288,7 @@ def _best_for_chunks(
 def _requested_chunks(log: SearchLog, best: Candidate) -> int:
     """The K the ladder asked for when it found ``best`` (before empty chunks were dropped)."""
     for entry in log.tried:
-        if entry["makespan_s"] == best.makespan_s and "kept_chunks" in entry:
+        if entry.get("makespan_s") == best.makespan_s and "kept_chunks" in entry:
             return int(entry["num_chunks"])
     return best.structure.num_chunks
 
@@ -295,12 +307,23 @@ def search(
     misses = 0
     tried: set[int] = set()
     for num_chunks in options.chunk_counts:
+        if len(options.chunk_counts) > 1 and num_chunks * 2 * topology.num_dims > MAX_OPS:
+            break
+        if best is not None and chunked_bound_s(topology, message_bytes, num_chunks) >= best.makespan_s:
+            log.tried.append({"num_chunks": num_chunks, "pruned": "latency floor >= best"})
+            break  # the floor grows with K: no larger K can win either
         tried.add(num_chunks)
         best_here = _best_for_chunks(
             topology, message_bytes, mix, num_chunks, options=options, unit_s=unit_s, log=log
         )
         if best_here is not None and _better(best, best_here):
-            best, misses = best_here, 0
+            gain = 1 - best_here.makespan_s / best.makespan_s if best is not None else 1.0
+            best = best_here
+            # A K above the full-rounds range that gains almost nothing still counts as a
+            # miss: the next K costs more than it can bring.
+            misses = 1 if num_chunks > FULL_ROUNDS_MAX_CHUNKS and gain < MIN_GAIN else 0
+            if misses >= 1 and num_chunks > FULL_ROUNDS_MAX_CHUNKS:
+                break
         else:
             misses += 1
             if misses >= (options.patience if num_chunks <= FULL_ROUNDS_MAX_CHUNKS else 1):
@@ -314,7 +337,7 @@ def search(
         # they are dropped, so a large K lets the LP choose which chunks to keep: it finds
         # structures the ladder's neighbours miss.
         for num_chunks in PROBE_CHUNKS:
-            if num_chunks in tried:
+            if num_chunks in tried or num_chunks * 2 * topology.num_dims > MAX_OPS:
                 continue
             candidate = _best_for_chunks(
                 topology, message_bytes, mix, num_chunks, options=options, unit_s=unit_s, log=log

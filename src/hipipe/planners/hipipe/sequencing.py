@@ -7,7 +7,9 @@ each dimension started its ops is its sequence. Two rules, both cheap:
 - ``fifo``: the op that became ready first (ties: lower chunk) -- what the pipelined
   baseline does, and what keeps chunks flowing in index order;
 - ``tail``: the op whose chunk has the most work left (its remaining chain), the
-  classic critical-path priority: long tails first, so nothing long starts last.
+  classic critical-path priority: long tails first, so nothing long starts last;
+- ``ag-first``: AllGathers before ReduceScatters (drain before filling more);
+- ``shortest``: the shortest op first (Themis' smallest-chunk-first, by time).
 
 This is a plain reimplementation rather than a call to the simulator because it runs
 inside the search loop on bare arrays; the simulator times the final schedule.
@@ -24,6 +26,12 @@ from hipipe.planners.hipipe.structure import OpTable
 class Rule(StrEnum):
     FIFO = "fifo"
     TAIL = "tail"
+    AG_FIRST = "ag-first"
+    SHORTEST = "shortest"
+
+
+BASIC_RULES: tuple[Rule, ...] = (Rule.FIFO, Rule.TAIL)
+"""The rules tried on every structure; the others add diversity where LPs are cheap."""
 
 
 def list_schedule(table: OpTable, durations_s: np.ndarray, rule: Rule) -> tuple[tuple[int, ...], ...]:
@@ -41,8 +49,16 @@ def list_schedule(table: OpTable, durations_s: np.ndarray, rule: Rule) -> tuple[
     sequences: list[list[int]] = [[] for _ in range(table.num_dims)]
 
     def enqueue(op: int, ready_s: float) -> None:
-        key = -tails[op] if rule is Rule.TAIL else ready_s
-        heapq.heappush(queues[dims[op]], (key, ready_s if rule is Rule.TAIL else 0.0, op))
+        if rule is Rule.TAIL:
+            key = -tails[op]
+        elif rule is Rule.AG_FIRST:
+            # Finish what is half done (AG, the second half of a chain) before starting more.
+            key = 0.0 if op % chain_length >= chain_length // 2 else 1.0
+        elif rule is Rule.SHORTEST:
+            key = durations[op]
+        else:
+            key = ready_s
+        heapq.heappush(queues[dims[op]], (key, ready_s, op))
 
     for j in range(num_chunks):
         enqueue(j * chain_length, 0.0)
