@@ -19,7 +19,7 @@ from hipipe.cli import main
 from hipipe.cost import op_time_s
 from hipipe.testbed import netns
 from hipipe.testbed.bench import THEMIS, TORCH_NAME, BenchConfig, BenchResult, BenchRow, result_to_dict
-from hipipe.testbed.calibrate import Sample, calibrated_topology, fit_dim, fit_line
+from hipipe.testbed.calibrate import Sample, calibrated_topology, calibration_sizes_bytes, fit_dim, fit_line
 from hipipe.testbed.layout import (
     MAX_IFNAME_CHARS,
     Layout,
@@ -202,6 +202,15 @@ def test_fit_recovers_bandwidth_and_latency_from_noisy_samples() -> None:
     assert fit.constant_s == pytest.approx(constant, rel=0.3)
     assert fit.max_relative_residual < 0.05
     assert fit.num_samples == 8
+
+
+def test_calibration_sizes_follow_the_slowest_rate() -> None:
+    sizes = calibration_sizes_bytes([50e6, 200e6])
+    assert len(sizes) == 4 and list(sizes) == sorted(sizes)
+    assert sizes[-1] == pytest.approx(50e6 / 8, rel=0.01)  # ~1 s on the 50 Mbit/s dimension
+    assert calibration_sizes_bytes([1e9])[-1] == 8 * 2**20
+    assert calibration_sizes_bytes([1e6])[-1] == 256 * 1024
+    assert all(s % 4096 == 0 for s in calibration_sizes_bytes([37e6]))
 
 
 def test_calibrated_topology_reproduces_the_fitted_lines() -> None:

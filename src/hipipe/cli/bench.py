@@ -53,6 +53,7 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
     parser.add_argument(
         "--no-calibrate", action="store_true", help="predict with the nominal rates instead of calibrating"
     )
+    parser.add_argument("--gantt", default="hipipe", help="planner whose run the PNG draws (default: %(default)s)")
     parser.add_argument("--rate-check-s", type=float, default=1.0, help="rate check per dimension, 0 to skip")
     parser.add_argument(
         "--output",
@@ -95,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
         repeats=args.repeats,
         calibrate=not args.no_calibrate,
         rate_check_s=args.rate_check_s,
+        gantt_planner=args.gantt,
     )
     require_host()
     try:

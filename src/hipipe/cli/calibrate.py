@@ -14,7 +14,13 @@ from pathlib import Path
 
 from hipipe.cli.common import check_output_path, stdout_console
 from hipipe.files import atomic_write_text
-from hipipe.testbed.calibrate import DEFAULT_CALIBRATION_SIZES_BYTES, DimFit, calibrated_topology, fit_all
+from hipipe.testbed.calibrate import (
+    CONCURRENT_WINDOW_S,
+    DEFAULT_CALIBRATION_SIZES_BYTES,
+    DimFit,
+    calibrated_topology,
+    fit_all,
+)
 from hipipe.testbed.layout import TestbedError, parse_rates_bits_per_s, parse_shape
 from hipipe.topology_io import topology_to_yaml
 from hipipe.units import format_size, parse_sizes_bytes
@@ -32,8 +38,16 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
     parser.add_argument("--rates", help="testbed rate per dimension, e.g. 50,200Mbit")
     parser.add_argument(
         "--sizes",
-        default=",".join(format_size(s).replace(" ", "") for s in DEFAULT_CALIBRATION_SIZES_BYTES),
-        help="per-rank op sizes to time (default: %(default)s)",
+        default=None,
+        help="per-rank op sizes to time (default: four sizes up to ~1 s on the slowest dimension;"
+        f" under torchrun {','.join(format_size(s).replace(' ', '') for s in DEFAULT_CALIBRATION_SIZES_BYTES)})",
+    )
+    parser.add_argument(
+        "--concurrent-s",
+        type=float,
+        default=CONCURRENT_WINDOW_S,
+        help="window of the pass that times every dimension while all are busy; 0: isolated only"
+        " (default: %(default)s)",
     )
     parser.add_argument(
         "--repeats", type=int, default=2, help="timed repeats per size (default: %(default)s)"
@@ -54,7 +68,7 @@ def _yaml(fits: list[DimFit], source: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     output = check_output_path(args.output)
-    sizes_bytes = parse_sizes_bytes(args.sizes)
+    sizes_bytes = parse_sizes_bytes(args.sizes) if args.sizes else None
     if args.repeats < 1:
         raise TestbedError("--repeats must be >= 1")
     fits: list[DimFit] | None
@@ -80,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _on_testbed(args: argparse.Namespace, sizes_bytes: list[int]) -> tuple[list[DimFit], str]:
+def _on_testbed(args: argparse.Namespace, sizes_bytes: list[int] | None) -> tuple[list[DimFit], str]:
     from hipipe.testbed import netns
     from hipipe.testbed.bench import calibrate_testbed
 
@@ -94,6 +108,7 @@ def _on_testbed(args: argparse.Namespace, sizes_bytes: list[int]) -> tuple[list[
             testbed.layout,
             sizes_bytes=sizes_bytes,
             repeats=args.repeats,
+            concurrent_window_s=args.concurrent_s,
             workdir=Path(tempfile.mkdtemp(prefix="hipipe-calibrate-")),
         )
     finally:
@@ -101,7 +116,9 @@ def _on_testbed(args: argparse.Namespace, sizes_bytes: list[int]) -> tuple[list[
     return fits, f"testbed {args.testbed} at {args.rates}"
 
 
-def _under_torchrun(args: argparse.Namespace, sizes_bytes: list[int]) -> tuple[list[DimFit] | None, str]:
+def _under_torchrun(
+    args: argparse.Namespace, sizes_bytes: list[int] | None
+) -> tuple[list[DimFit] | None, str]:
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         raise TestbedError("--shape is for runs under torchrun (RANK/WORLD_SIZE unset); use --testbed here")
     import torch.distributed as dist
@@ -115,7 +132,12 @@ def _under_torchrun(args: argparse.Namespace, sizes_bytes: list[int]) -> tuple[l
     try:
         groups = dimension_groups(sizes, timeout_s=timeout_s)
         samples = measure_in_process(
-            sizes, groups, sizes_bytes=sizes_bytes, repeats=args.repeats, timeout_s=timeout_s
+            sizes,
+            groups,
+            sizes_bytes=sizes_bytes or DEFAULT_CALIBRATION_SIZES_BYTES,
+            repeats=args.repeats,
+            timeout_s=timeout_s,
+            concurrent_window_s=args.concurrent_s,
         )
         rank = dist.get_rank()
     finally:

@@ -14,6 +14,7 @@ the goal is that the two agree.
 """
 
 import math
+import os
 import statistics
 import tempfile
 import time
@@ -27,10 +28,11 @@ from hipipe.planners import plan
 from hipipe.schedule import Schedule
 from hipipe.testbed import netns
 from hipipe.testbed.calibrate import (
-    DEFAULT_CALIBRATION_SIZES_BYTES,
+    CONCURRENT_WINDOW_S,
     DimFit,
     Sample,
     calibrated_topology,
+    calibration_sizes_bytes,
     fit_all,
     fits_to_dict,
 )
@@ -64,8 +66,11 @@ class BenchConfig:
     warmup: int = 1
     repeats: int = 3
     calibrate: bool = True
-    calibration_sizes_bytes: tuple[int, ...] = DEFAULT_CALIBRATION_SIZES_BYTES
+    calibration_sizes_bytes: tuple[int, ...] | None = None
+    """None: :func:`calibration_sizes_bytes` of the rates."""
     calibration_repeats: int = 2
+    calibration_concurrent_s: float = CONCURRENT_WINDOW_S
+    """Window of the concurrent calibration pass (every dimension busy); 0: isolated only."""
     rate_check_s: float = 1.0
     """Seconds of rate check per dimension before the runs; 0 skips it."""
     gantt_planner: str = "hipipe"
@@ -122,6 +127,8 @@ class BenchResult:
     rows: tuple[BenchRow, ...]
     gantt_panels: tuple[tuple[str, Schedule], ...] = field(default=())
     wall_s: float = 0.0
+    load_average: tuple[float, float] = (0.0, 0.0)
+    """1-minute load average before and after: other work on the host skews a measurement."""
 
     def row(self, name: str, message_bytes: int) -> BenchRow | None:
         return next((r for r in self.rows if r.name == name and r.message_bytes == message_bytes), None)
@@ -153,6 +160,7 @@ def run_bench(
     ``prefix`` names the testbed (default: random), so a caller can check it is gone.
     """
     started = time.monotonic()
+    load_before = os.getloadavg()[0]
     workdir = workdir or Path(tempfile.mkdtemp(prefix="hipipe-bench-"))
     testbed = netns.up(config.sizes, config.rates_bits_per_s, prefix=prefix, state_dir=state_dir)
     layout = testbed.layout
@@ -180,6 +188,7 @@ def run_bench(
         rows=tuple(rows),
         gantt_panels=tuple(panels),
         wall_s=time.monotonic() - started,
+        load_average=(load_before, os.getloadavg()[0]),
     )
 
 
@@ -192,22 +201,32 @@ def calibration_timeout_s(layout: Layout, sizes_bytes: Sequence[int]) -> float:
 def calibrate_testbed(
     layout: Layout,
     *,
-    sizes_bytes: Sequence[int] = DEFAULT_CALIBRATION_SIZES_BYTES,
+    sizes_bytes: Sequence[int] | None = None,
     repeats: int = 2,
+    concurrent_window_s: float = CONCURRENT_WINDOW_S,
     workdir: Path,
     progress: ProgressFn | None = None,
 ) -> list[DimFit]:
     """Run the calibration on a testbed that is up; return one fit per dimension."""
+    if sizes_bytes is None:
+        sizes_bytes = calibration_sizes_bytes(layout.rates_bits_per_s)
     total = layout.num_dims * len(sizes_bytes) * repeats
     if progress:
         progress(0, total, "calibration")
     timeout_s = calibration_timeout_s(layout, sizes_bytes)
     events = run_job(
         layout,
-        [{"kind": "calibrate", "sizes_bytes": list(sizes_bytes), "repeats": repeats}],
+        [
+            {
+                "kind": "calibrate",
+                "sizes_bytes": list(sizes_bytes),
+                "repeats": repeats,
+                "concurrent_window_s": concurrent_window_s,
+            }
+        ],
         workdir=workdir,
         timeout_s=timeout_s,
-        deadline_s=120.0 + 4 * total * timeout_s / 10,
+        deadline_s=120.0 + 4 * total * timeout_s / 10 + 4 * len(sizes_bytes) * repeats * concurrent_window_s,
     )
     samples = next((e["samples"] for e in events if e.get("event") == "calibration"), None)
     if samples is None:
@@ -224,6 +243,7 @@ def _calibrate(
         layout,
         sizes_bytes=config.calibration_sizes_bytes,
         repeats=config.calibration_repeats,
+        concurrent_window_s=config.calibration_concurrent_s,
         workdir=workdir,
         progress=progress,
     )
@@ -385,6 +405,7 @@ def result_to_dict(result: BenchResult) -> dict[str, Any]:
         "topology": topology_to_dict(result.topology),
         "rows": rows,
         "wall_s": result.wall_s,
+        "load_average_before_after": list(result.load_average),
     }
 
 
@@ -459,7 +480,10 @@ def render_markdown(result: BenchResult, *, gantt_png: str | None = None) -> str
             f"- calibrated dim {fit.dim} (n={fit.size}): {fit.bandwidth_bytes_per_s * 8 / 1e6:.1f} Mbit/s,"
             f" constant {fit.constant_s * 1e3:.2f} ms per op, worst fit residual {100 * fit.max_relative_residual:.0f}%"
         )
-    lines.append(f"- wall time {result.wall_s:.0f} s")
+    lines.append(
+        f"- wall time {result.wall_s:.0f} s; host 1-min load average {result.load_average[0]:.2f} before,"
+        f" {result.load_average[1]:.2f} after ({os.cpu_count()} cores)"
+    )
     for message_bytes in config.messages_bytes:
         lines += ["", f"### {format_size(message_bytes)}", ""]
         lines.append("| " + " | ".join(SUMMARY_COLUMNS) + " |")

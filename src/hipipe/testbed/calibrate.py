@@ -29,6 +29,24 @@ DEFAULT_CALIBRATION_SIZES_BYTES: tuple[int, ...] = (128 * 1024, 1024 * 1024, 4 *
 
 MIN_BANDWIDTH_BYTES_PER_S = 1.0
 
+CONCURRENT_WINDOW_S = 0.5
+"""How long each dimension repeats its op in the concurrent calibration pass."""
+
+
+def calibration_sizes_bytes(
+    rates_bits_per_s: Sequence[float], *, largest_op_s: float = 1.0
+) -> tuple[int, ...]:
+    """Sizes whose largest op takes about ``largest_op_s`` on the slowest dimension.
+
+    Four sizes a factor 4 apart (1/64 .. 1 of the largest), so both the constant and the
+    slope are seen; the largest is kept between 256 KiB and 8 MiB so a calibration
+    takes seconds at 10 Mbit/s and still sees megabytes at 1 Gbit/s.
+    """
+    slowest_bytes_per_s = min(rates_bits_per_s) / 8
+    largest = int(min(8 * 2**20, max(256 * 1024, slowest_bytes_per_s * largest_op_s)))
+    largest -= largest % 4096
+    return tuple(max(4096, largest // f - (largest // f) % 4096) for f in (64, 16, 4, 1))
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Sample:
@@ -154,43 +172,104 @@ def measure_in_process(
     sizes_bytes: Sequence[int] = DEFAULT_CALIBRATION_SIZES_BYTES,
     repeats: int = 2,
     timeout_s: float = 120.0,
+    concurrent_window_s: float = 0.0,
 ) -> list[Sample]:
     """Time ring RS and AG on each dimension; call on every rank of an initialized world.
 
     ``groups`` are the per-dimension process groups (:func:`hipipe.torch.groups.dimension_groups`).
     Every sample is the maximum over ranks (the op ends when its slowest rank ends).
     One untimed warm-up per dimension opens the Gloo connections first.
+
+    With ``concurrent_window_s > 0`` a second pass times every dimension *while the
+    others are busy too*, as in a pipelined schedule: each dimension repeats its op for
+    about that long, in its own thread; those samples replace the isolated ones. On a
+    host where the ranks share few cores, an op costs more when every dimension is
+    moving data, and a plan of many small ops feels that most.
     """
+    import torch.distributed as dist
+
+    from hipipe.torch.groups import rings_for_layout
+
+    rings = [rings_for_layout(sizes, list(groups))[(k,)] for k in range(len(sizes))]
+    samples: list[Sample] = []
+    for dim, ring in enumerate(rings):
+        for position, size_bytes in enumerate([min(sizes_bytes), *sizes_bytes]):
+            for _ in range(1 if position == 0 else repeats):
+                dist.barrier()
+                times = _time_rs_ag(ring, size_bytes, 1, timeout_s)
+                dist.all_reduce(times, op=dist.ReduceOp.MAX)
+                if position > 0:
+                    samples += _samples(dim, size_bytes, times)
+    if concurrent_window_s <= 0 or len(sizes) < 2:
+        return samples
+    fits = fit_all(sizes, samples)  # identical on every rank: the samples are maxima over ranks
+    concurrent: list[Sample] = []
+    for size_bytes in sizes_bytes:
+        for _ in range(repeats):
+            counts = [
+                max(1, min(64, math.ceil(concurrent_window_s / (2 * fit.predict_s(size_bytes)))))
+                for fit in fits
+            ]
+            dist.barrier()
+            per_dim = _concurrently(rings, size_bytes, counts, timeout_s)
+            dist.all_reduce(per_dim, op=dist.ReduceOp.MAX)
+            for dim in range(len(sizes)):
+                concurrent += _samples(dim, size_bytes, per_dim[2 * dim : 2 * dim + 2] / counts[dim])
+    return concurrent
+
+
+def _samples(dim: int, size_bytes: int, times: Any) -> list[Sample]:
+    full_bytes = max(1, size_bytes // 4) * 4
+    return [
+        Sample(dim=dim, phase="RS", full_bytes=full_bytes, time_s=float(times[0])),
+        Sample(dim=dim, phase="AG", full_bytes=full_bytes, time_s=float(times[1])),
+    ]
+
+
+def _time_rs_ag(ring: Any, size_bytes: int, count: int, timeout_s: float) -> Any:
+    """Run ``count`` RS then ``count`` AG on a float32 buffer; total seconds of each, as a tensor."""
     import torch
     import torch.distributed as dist
 
     from hipipe.torch.collectives import ring_all_gather, ring_reduce_scatter
-    from hipipe.torch.groups import rings_for_layout
 
-    rings = rings_for_layout(sizes, list(groups))
-    samples: list[Sample] = []
-    for dim in range(len(sizes)):
-        ring = rings[(dim,)]
-        for position, size_bytes in enumerate([min(sizes_bytes), *sizes_bytes]):
-            tensor = torch.ones(max(1, size_bytes // 4), dtype=torch.float32)
-            for _ in range(1 if position == 0 else repeats):
-                times = torch.zeros(2, dtype=torch.float64)
-                dist.barrier()
-                t0 = time.perf_counter()
-                ring_reduce_scatter(tensor, ring, timeout_s=timeout_s)
-                t1 = time.perf_counter()
-                dist.barrier(group=ring.group)
-                t2 = time.perf_counter()
-                ring_all_gather(tensor, ring, timeout_s=timeout_s)
-                t3 = time.perf_counter()
-                times[0], times[1] = t1 - t0, t3 - t2
-                dist.all_reduce(times, op=dist.ReduceOp.MAX)
-                if position == 0:
-                    continue
-                full_bytes = tensor.numel() * tensor.element_size()
-                samples.append(Sample(dim=dim, phase="RS", full_bytes=full_bytes, time_s=float(times[0])))
-                samples.append(Sample(dim=dim, phase="AG", full_bytes=full_bytes, time_s=float(times[1])))
-    return samples
+    tensor = torch.zeros(max(1, size_bytes // 4), dtype=torch.float32)
+    times = torch.zeros(2, dtype=torch.float64)
+    t0 = time.perf_counter()
+    for _ in range(count):
+        ring_reduce_scatter(tensor, ring, timeout_s=timeout_s)
+    t1 = time.perf_counter()
+    dist.barrier(group=ring.group)
+    t2 = time.perf_counter()
+    for _ in range(count):
+        ring_all_gather(tensor, ring, timeout_s=timeout_s)
+    times[0], times[1] = t1 - t0, time.perf_counter() - t2
+    return times
+
+
+def _concurrently(rings: Sequence[Any], size_bytes: int, counts: Sequence[int], timeout_s: float) -> Any:
+    """Every dimension's RS/AG loop in its own thread at once; ``[rs0, ag0, rs1, ag1, ...]`` seconds."""
+    import threading
+
+    import torch
+
+    out = torch.zeros(2 * len(rings), dtype=torch.float64)
+    errors: list[BaseException] = []
+
+    def work(dim: int) -> None:
+        try:
+            out[2 * dim : 2 * dim + 2] = _time_rs_ag(rings[dim], size_bytes, counts[dim], timeout_s)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(k,), daemon=True) for k in range(len(rings))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=timeout_s)
+    if errors or any(t.is_alive() for t in threads):
+        raise TestbedError(f"concurrent calibration failed: {errors[0] if errors else 'timed out'}")
+    return out
 
 
 def fit_all(sizes: Sequence[int], samples: Sequence[Sample]) -> list[DimFit]:

@@ -79,6 +79,19 @@ def link_commands(layout: Layout) -> list[list[str]]:
     return commands
 
 
+RANK_SYSCTLS: tuple[str, ...] = ("net.ipv4.tcp_slow_start_after_idle=0",)
+"""Per-namespace TCP settings: a collective's connection idles between ops and must not
+fall back to slow start each time (what a tuned cluster host does too)."""
+
+
+def sysctl_commands(layout: Layout) -> list[list[str]]:
+    return [
+        ["ip", "netns", "exec", layout.rank_netns(rank), "sysctl", "-q", "-w", setting]
+        for rank in range(layout.num_ranks)
+        for setting in RANK_SYSCTLS
+    ]
+
+
 def shaping_commands(layout: Layout) -> list[list[str]]:
     return [cmd for rank in range(layout.num_ranks) for cmd in rank_tc_commands(layout, rank)]
 
@@ -188,6 +201,8 @@ def up(
             run(argv)
         for argv in shaping_commands(layout):
             run(argv)
+        for argv in sysctl_commands(layout):
+            run(argv, check=False)  # a tuning, not a requirement (sysctl may be missing)
     except BaseException:
         down(prefix, state_dir=state_dir)
         raise

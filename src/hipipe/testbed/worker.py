@@ -24,6 +24,8 @@ from typing import Any
 
 from hipipe.testbed.nsenter import enter_netns
 
+GIL_SWITCH_INTERVAL_S = 2e-4
+
 EVENT_MARK = "@hipipe-event "
 """Prefix of rank 0's machine-readable stdout lines (anything else is a library's chatter)."""
 
@@ -69,6 +71,7 @@ def _run_task(task: dict[str, Any], job: dict[str, Any], rank: int, world: int, 
             sizes_bytes=task["sizes_bytes"],
             repeats=task["repeats"],
             timeout_s=job["timeout_s"],
+            concurrent_window_s=task.get("concurrent_window_s", 0.0),
         )
         if rank == 0:
             emit(
@@ -133,6 +136,10 @@ def main(argv: list[str]) -> int:
     from hipipe.torch.groups import dimension_groups
 
     torch.set_num_threads(1)
+    # The executor runs one thread per dimension; with CPython's default 5 ms GIL switch
+    # interval a thread woken by a finished transfer can wait that long for the GIL, per
+    # ring step. Short ops (many chunks) would pay it over and over.
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     world = int(job["world_size"])
     timeout = timedelta(seconds=job["timeout_s"])
     store = dist.TCPStore(job["store_host"], int(job["store_port"]), is_master=False, timeout=timeout)
