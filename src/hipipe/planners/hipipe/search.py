@@ -17,7 +17,14 @@ from hipipe.errors import SolverError
 from hipipe.planners.baselines import plan_hierarchical, plan_pipelined, plan_themis
 from hipipe.planners.hipipe.sequencing import BASIC_RULES, Rule, list_schedule, longest_path_s
 from hipipe.planners.hipipe.sizing import SizingModel
-from hipipe.planners.hipipe.structure import Order, Structure, assign_orders, op_table, without_chunks
+from hipipe.planners.hipipe.structure import (
+    Order,
+    Structure,
+    assign_orders,
+    bookend_orders,
+    op_table,
+    without_chunks,
+)
 from hipipe.topology import Topology
 
 CHUNK_LADDER: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
@@ -173,10 +180,16 @@ def fastest_first(topology: Topology) -> Order:
 def _families(
     topology: Topology, mix: OrderMix, num_chunks: int, options: SearchOptions
 ) -> list[tuple[str, tuple[Order, ...]]]:
-    """Chunk orders to try for this K: the fluid mix, and fastest-first for small K."""
+    """Chunk orders to try for this K: the fluid mix (with bookends when a light order
+    would be left out), and fastest-first for small K."""
     if options.ascending_only:
         return [("ascending", (tuple(range(topology.num_dims)),) * num_chunks)]
     families = [("mix", assign_orders(mix.orders, mix.weights, num_chunks))]
+    bookends = bookend_orders(mix.orders, mix.weights, num_chunks)
+    if bookends is not None and not set(mix.orders) <= set(families[0][1]):
+        # Some order of the mix is too light to get a chunk of its own at this K: give
+        # it a chunk at each end, where it keeps the dims it starts on busy.
+        families.append(("mix-bookends", bookends))
     single = (fastest_first(topology),) * num_chunks
     if num_chunks <= FASTEST_FIRST_MAX_CHUNKS and single != families[0][1]:
         families.append(("fastest-first", single))

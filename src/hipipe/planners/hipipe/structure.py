@@ -100,6 +100,24 @@ def assign_orders(
     return tuple(out)
 
 
+def bookend_orders(
+    orders: tuple[Order, ...], weights: tuple[float, ...], num_chunks: int
+) -> tuple[Order, ...] | None:
+    """Mix orders with one chunk of every minor order first and one last.
+
+    A chunk starts on its order's first dim and ends there (its last AG). When the heavy
+    orders all start on the same dims, the others idle while the pipeline fills and
+    drains; a chunk of each other order at both ends gives them work from the first and
+    until the last microsecond. The LP sizes the bookends (or empties them: then they
+    are dropped). None when there is no minor order or too few chunks.
+    """
+    minor = [order for order in orders[1:]]
+    middle = num_chunks - 2 * len(minor)
+    if not minor or middle < 1:
+        return None
+    return (*minor, *assign_orders(orders, weights, middle), *reversed(minor))
+
+
 def to_chunks(orders: tuple[Order, ...], sizes_bytes: np.ndarray) -> list[Chunk]:
     return [
         Chunk(index=j, size_bytes=float(sizes_bytes[j]), order=tuple((k,) for k in order))
