@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from hipipe.bounds import OrderMix, chunked_bound_s
+from hipipe.bounds import OrderMix, chunked_bound_s, order_loads
 from hipipe.errors import SolverError
 from hipipe.planners.baselines import plan_hierarchical, plan_pipelined, plan_themis
 from hipipe.planners.hipipe.sequencing import BASIC_RULES, Rule, list_schedule, longest_path_s
@@ -319,10 +319,14 @@ def search(
     best: Candidate | None = None
     misses = 0
     tried: set[int] = set()
+    loads = order_loads(topology)
     for num_chunks in options.chunk_counts:
         if len(options.chunk_counts) > 1 and num_chunks * 2 * topology.num_dims > MAX_OPS:
             break
-        if best is not None and chunked_bound_s(topology, message_bytes, num_chunks) >= best.makespan_s:
+        if (
+            best is not None
+            and chunked_bound_s(topology, message_bytes, num_chunks, loads=loads) >= best.makespan_s
+        ):
             log.tried.append({"num_chunks": num_chunks, "pruned": "latency floor >= best"})
             break  # the floor grows with K: no larger K can win either
         tried.add(num_chunks)
