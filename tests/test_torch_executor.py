@@ -1,4 +1,4 @@
-"""The executor on 8 local Gloo processes: every planner's schedule, checked against all_reduce.
+"""The executor on 8 (and 16) local Gloo processes: every planner's schedule, checked against all_reduce.
 
 Processes start once per topology (a module-scoped job runs every case and returns one
 verdict per case and rank); each test then looks up its case. int64 must match
@@ -29,7 +29,9 @@ from hipipe.torch.launch import raise_on_failure, spawn  # noqa: E402
 TOPOLOGIES = {
     "2x2x2": "ring:2:4GB/s:1us,ring:2:2GB/s:1us,switch:2:1GB/s:1us",
     "2x4": "ring:2:4GB/s:1us,ring:4:1GB/s:1us",
+    "2x2x2x2": "ring:2:4GB/s:1us,ring:2:2GB/s:1us,switch:2:1GB/s:1us,ring:2:1GB/s:1us",
 }
+"""The 16-rank one runs only int64 cases: 16 processes on 2 cores are slow to exchange."""
 
 DTYPE_LENGTHS = (("int64", 40003), ("float32", 10007), ("bfloat16", 5003))
 """Element counts: none is a multiple of 8."""
@@ -69,6 +71,13 @@ def itemsize(dtype: str) -> int:
 def build_cases(topology_spec: str) -> list[Case]:
     topology = load_topology(topology_spec)
     cases = []
+    if topology.num_npus > 8:
+        for planner in PLANNERS:
+            schedule = plan(topology, 40003 * 8, planner)
+            cases.append(Case(name=f"{planner}-int64", schedule_json=schedule.to_json(), dtype="int64"))
+        schedule = random_schedule(topology_spec, 40003 * 8, 0)
+        cases.append(Case(name="random0-int64", schedule_json=schedule.to_json(), dtype="int64"))
+        return cases
     for planner in PLANNERS:
         for dtype, numel in DTYPE_LENGTHS:
             schedule = plan(topology, numel * itemsize(dtype), planner)
@@ -160,11 +169,12 @@ def run_cases(rank: int, world_size: int, topology_spec: str, cases: list[Case])
 
 def _run_job(topology_spec: str) -> dict[str, list[str]]:
     cases = build_cases(topology_spec)
+    nproc = load_topology(topology_spec).num_npus
     started = time.monotonic()
     values = raise_on_failure(
-        spawn(run_cases, 8, args=(topology_spec, cases), timeout_s=240, pg_timeout_s=30)
+        spawn(run_cases, nproc, args=(topology_spec, cases), timeout_s=240, pg_timeout_s=30)
     )
-    print(f"8-process job on {topology_spec}: {len(cases)} cases in {time.monotonic() - started:.1f} s")
+    print(f"{nproc}-process job on {topology_spec}: {len(cases)} cases in {time.monotonic() - started:.1f} s")
     return {case.name: [v[case.name] for v in values] for case in cases}
 
 
