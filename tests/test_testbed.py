@@ -17,9 +17,18 @@ import pytest
 
 from hipipe.cli import main
 from hipipe.cost import op_time_s
+from hipipe.simulator import simulate_chunks
 from hipipe.testbed import netns
 from hipipe.testbed.bench import THEMIS, TORCH_NAME, BenchConfig, BenchResult, BenchRow, result_to_dict
-from hipipe.testbed.calibrate import Sample, calibrated_topology, calibration_sizes_bytes, fit_dim, fit_line
+from hipipe.testbed.calibrate import (
+    Sample,
+    calibrated_topology,
+    calibration_sizes_bytes,
+    fit_dim,
+    fit_line,
+    fit_op_overhead_s,
+    overhead_schedule,
+)
 from hipipe.testbed.layout import (
     MAX_IFNAME_CHARS,
     Layout,
@@ -204,6 +213,25 @@ def test_fit_recovers_bandwidth_and_latency_from_noisy_samples() -> None:
     assert fit.num_samples == 8
 
 
+def test_op_overhead_is_recovered_from_a_pipelined_makespan() -> None:
+    fits = [
+        fit_dim(
+            k,
+            n,
+            [Sample(dim=k, phase="RS", full_bytes=b, time_s=c + b * (n - 1) / n / bw) for b in (1e5, 1e7)],
+        )
+        for k, (n, c, bw) in enumerate([(2, 0.002, 6e6), (4, 0.001, 24e6)])
+    ]
+    schedule = overhead_schedule(fits, 4 << 20)
+    assert schedule.num_chunks == 32
+    slower = calibrated_topology(fits, op_overhead_s=0.003)
+    measured = simulate_chunks(
+        slower, schedule.message_bytes, schedule.chunks, policy="fixed", sequences=schedule.sequences
+    ).makespan_s
+    assert fit_op_overhead_s(fits, schedule, measured) == pytest.approx(0.003, rel=1e-4)
+    assert fit_op_overhead_s(fits, schedule, schedule.makespan_s * 0.9) == 0.0
+
+
 def test_calibration_sizes_follow_the_slowest_rate() -> None:
     sizes = calibration_sizes_bytes([50e6, 200e6])
     assert len(sizes) == 4 and list(sizes) == sorted(sizes)
@@ -248,7 +276,7 @@ def test_bench_reductions_and_json() -> None:
         prefix="hp0000",
         kernel="",
         rates=(),
-        fits=(),
+        calibration=None,
         topology=Layout(prefix="hp0000", sizes=(2, 2), rates_bits_per_s=(1e8, 1e8)).nominal_topology(),
         rows=rows,
     )

@@ -7,6 +7,7 @@ then prints one table per message size and writes ``<output>.json`` and
 
 import argparse
 import json
+import signal
 import sys
 from datetime import datetime
 
@@ -21,6 +22,7 @@ from hipipe.testbed.bench import (
     SUMMARY_COLUMNS,
     BenchConfig,
     BenchResult,
+    describe_calibration,
     describe_rates,
     result_to_dict,
     run_bench,
@@ -53,7 +55,9 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
     parser.add_argument(
         "--no-calibrate", action="store_true", help="predict with the nominal rates instead of calibrating"
     )
-    parser.add_argument("--gantt", default="hipipe", help="planner whose run the PNG draws (default: %(default)s)")
+    parser.add_argument(
+        "--gantt", default="hipipe", help="planner whose run the PNG draws (default: %(default)s)"
+    )
     parser.add_argument("--rate-check-s", type=float, default=1.0, help="rate check per dimension, 0 to skip")
     parser.add_argument(
         "--output",
@@ -74,6 +78,10 @@ def _tables(result: BenchResult) -> list[Table]:
             table.add_row(*cells)
         tables.append(table)
     return tables
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -103,6 +111,8 @@ def run(args: argparse.Namespace) -> int:
         import torch  # noqa: F401
     except ImportError:
         raise TestbedError("hipipe bench needs torch: pip install torch==2.13.0 (CPU wheel)") from None
+    # A plain `kill` must still tear the testbed down: turn SIGTERM into an exception.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=stderr_console(), transient=True, disable=not sys.stderr.isatty()) as bar:
         task = bar.add_task("bringing the testbed up", total=None)
@@ -114,11 +124,8 @@ def run(args: argparse.Namespace) -> int:
     console = stdout_console()
     if result.rates:
         console.print(f"rate check: {describe_rates(result)}")
-    for fit in result.fits:
-        console.print(
-            f"calibrated dim {fit.dim}: {fit.bandwidth_bytes_per_s * 8 / 1e6:.1f} Mbit/s,"
-            f" {fit.constant_s * 1e3:.2f} ms per op"
-        )
+    if result.calibration is not None:
+        console.print(f"calibration: {describe_calibration(result.calibration)}")
     for table in _tables(result):
         console.print(table)
     atomic_write_text(output + ".json", json.dumps(result_to_dict(result), indent=1) + "\n")

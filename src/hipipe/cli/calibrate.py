@@ -14,12 +14,13 @@ from pathlib import Path
 
 from hipipe.cli.common import check_output_path, stdout_console
 from hipipe.files import atomic_write_text
+from hipipe.testbed.bench import describe_calibration
 from hipipe.testbed.calibrate import (
     CONCURRENT_WINDOW_S,
     DEFAULT_CALIBRATION_SIZES_BYTES,
-    DimFit,
-    calibrated_topology,
-    fit_all,
+    OVERHEAD_PLANNER,
+    Calibration,
+    calibration_from_event,
 )
 from hipipe.testbed.layout import TestbedError, parse_rates_bits_per_s, parse_shape
 from hipipe.topology_io import topology_to_yaml
@@ -50,20 +51,30 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
         " (default: %(default)s)",
     )
     parser.add_argument(
-        "--repeats", type=int, default=2, help="timed repeats per size (default: %(default)s)"
+        "--repeats", type=int, default=3, help="timed repeats per size (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--no-overhead",
+        action="store_true",
+        help=f"skip the {OVERHEAD_PLANNER} run that measures the per-op overhead of pipelined execution",
     )
     parser.add_argument("-o", "--output", default="calibrated.yaml", help="topology YAML to write")
     parser.set_defaults(func=run)
 
 
-def _yaml(fits: list[DimFit], source: str) -> str:
+def _yaml(calibration: Calibration, source: str) -> str:
     header = [f"# hipipe calibrate: {source}"]
-    for fit in fits:
+    for fit in calibration.fits:
         header.append(
             f"# dim {fit.dim}: {fit.bandwidth_bytes_per_s * 8 / 1e6:.2f} Mbit/s, {fit.constant_s * 1e3:.3f} ms"
             f" per RS/AG, {fit.num_samples} samples, worst residual {100 * fit.max_relative_residual:.1f}%"
         )
-    return "\n".join(header) + "\n" + topology_to_yaml(calibrated_topology(fits, name="calibrated"))
+    if calibration.overhead_times_s:
+        header.append(
+            f"# +{calibration.op_overhead_s * 1e3:.3f} ms per op measured inside {OVERHEAD_PLANNER} runs"
+            " (included in each dimension's latency)"
+        )
+    return "\n".join(header) + "\n" + topology_to_yaml(calibration.topology())
 
 
 def run(args: argparse.Namespace) -> int:
@@ -71,30 +82,26 @@ def run(args: argparse.Namespace) -> int:
     sizes_bytes = parse_sizes_bytes(args.sizes) if args.sizes else None
     if args.repeats < 1:
         raise TestbedError("--repeats must be >= 1")
-    fits: list[DimFit] | None
+    calibration: Calibration | None
     if args.testbed:
-        fits, source = _on_testbed(args, sizes_bytes)
+        calibration, source = _on_testbed(args, sizes_bytes)
     else:
-        fits, source = _under_torchrun(args, sizes_bytes)
-    if fits is None:
+        calibration, source = _under_torchrun(args, sizes_bytes)
+    if calibration is None:
         return 0  # a torchrun rank other than 0: rank 0 writes the file
-    text = _yaml(fits, source)
+    text = _yaml(calibration, source)
     if output is None:
         print(text, end="")
     else:
         atomic_write_text(output, text)
     console = stdout_console()
-    for fit in fits:
-        console.print(
-            f"dim {fit.dim} (n={fit.size}): {fit.bandwidth_bytes_per_s * 8 / 1e6:.1f} Mbit/s,"
-            f" {fit.constant_s * 1e3:.2f} ms per op (worst residual {100 * fit.max_relative_residual:.0f}%)"
-        )
+    console.print(describe_calibration(calibration))
     if output is not None:
         console.print(f"[dim]wrote {output}: hipipe plan {output} --size ...[/dim]")
     return 0
 
 
-def _on_testbed(args: argparse.Namespace, sizes_bytes: list[int] | None) -> tuple[list[DimFit], str]:
+def _on_testbed(args: argparse.Namespace, sizes_bytes: list[int] | None) -> tuple[Calibration, str]:
     from hipipe.testbed import netns
     from hipipe.testbed.bench import calibrate_testbed
 
@@ -104,29 +111,31 @@ def _on_testbed(args: argparse.Namespace, sizes_bytes: list[int] | None) -> tupl
     rates = parse_rates_bits_per_s(args.rates, len(sizes))
     testbed = netns.up(sizes, rates)
     try:
-        fits = calibrate_testbed(
+        calibration = calibrate_testbed(
             testbed.layout,
             sizes_bytes=sizes_bytes,
             repeats=args.repeats,
             concurrent_window_s=args.concurrent_s,
+            overhead=not args.no_overhead,
             workdir=Path(tempfile.mkdtemp(prefix="hipipe-calibrate-")),
         )
     finally:
         netns.down(testbed.layout.prefix)
-    return fits, f"testbed {args.testbed} at {args.rates}"
+    return calibration, f"testbed {args.testbed} at {args.rates}"
 
 
 def _under_torchrun(
     args: argparse.Namespace, sizes_bytes: list[int] | None
-) -> tuple[list[DimFit] | None, str]:
+) -> tuple[Calibration | None, str]:
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         raise TestbedError("--shape is for runs under torchrun (RANK/WORLD_SIZE unset); use --testbed here")
     import torch.distributed as dist
 
-    from hipipe.testbed.calibrate import measure_in_process
+    from hipipe.testbed.calibrate import measure_in_process, measure_overhead_in_process
     from hipipe.torch.groups import dimension_groups
 
     sizes = parse_shape(args.shape)
+    sizes_bytes = sizes_bytes or list(DEFAULT_CALIBRATION_SIZES_BYTES)
     timeout_s = 600.0
     dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s))
     try:
@@ -134,14 +143,34 @@ def _under_torchrun(
         samples = measure_in_process(
             sizes,
             groups,
-            sizes_bytes=sizes_bytes or DEFAULT_CALIBRATION_SIZES_BYTES,
+            sizes_bytes=sizes_bytes,
             repeats=args.repeats,
             timeout_s=timeout_s,
             concurrent_window_s=args.concurrent_s,
+        )
+        overhead_bytes = 0 if args.no_overhead else max(sizes_bytes) // 4 * 4
+        overhead_times = (
+            measure_overhead_in_process(
+                sizes,
+                groups,
+                samples,
+                message_bytes=overhead_bytes,
+                repeats=args.repeats,
+                timeout_s=timeout_s,
+            )
+            if overhead_bytes
+            else []
         )
         rank = dist.get_rank()
     finally:
         dist.destroy_process_group()
     if rank != 0:
         return None, ""
-    return fit_all(sizes, samples), f"torchrun world {args.shape}"
+    event = {
+        "samples": [
+            {"dim": s.dim, "phase": s.phase, "full_bytes": s.full_bytes, "time_s": s.time_s} for s in samples
+        ],
+        "overhead_message_bytes": overhead_bytes,
+        "overhead_times_s": overhead_times,
+    }
+    return calibration_from_event(sizes, event), f"torchrun world {args.shape}"

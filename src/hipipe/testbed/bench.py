@@ -29,12 +29,9 @@ from hipipe.schedule import Schedule
 from hipipe.testbed import netns
 from hipipe.testbed.calibrate import (
     CONCURRENT_WINDOW_S,
-    DimFit,
-    Sample,
-    calibrated_topology,
+    Calibration,
+    calibration_from_event,
     calibration_sizes_bytes,
-    fit_all,
-    fits_to_dict,
 )
 from hipipe.testbed.launch import run_job
 from hipipe.testbed.layout import Layout, TestbedError, format_rate
@@ -68,8 +65,10 @@ class BenchConfig:
     calibrate: bool = True
     calibration_sizes_bytes: tuple[int, ...] | None = None
     """None: :func:`calibration_sizes_bytes` of the rates."""
-    calibration_repeats: int = 2
+    calibration_repeats: int = 3
     calibration_concurrent_s: float = CONCURRENT_WINDOW_S
+    calibrate_overhead: bool = True
+    """Also measure the per-op overhead inside a pipelined run (:func:`fit_op_overhead_s`)."""
     """Window of the concurrent calibration pass (every dimension busy); 0: isolated only."""
     rate_check_s: float = 1.0
     """Seconds of rate check per dimension before the runs; 0 skips it."""
@@ -122,7 +121,7 @@ class BenchResult:
     prefix: str
     kernel: str
     rates: tuple[DimRate, ...]
-    fits: tuple[DimFit, ...]
+    calibration: Calibration | None
     topology: Topology
     rows: tuple[BenchRow, ...]
     gantt_panels: tuple[tuple[str, Schedule], ...] = field(default=())
@@ -170,11 +169,11 @@ def run_bench(
             if progress:
                 progress(0, 1, "rate check")
             rates = check_rates(layout, duration_s=config.rate_check_s, warmup_s=0.3)
-        fits: list[DimFit] = []
+        calibration: Calibration | None = None
         topology = layout.nominal_topology()
         if config.calibrate:
-            fits = _calibrate(layout, config, workdir / "calibrate", progress)
-            topology = calibrated_topology(fits, name=f"testbed-{layout.shape}-calibrated")
+            calibration = _calibrate(layout, config, workdir / "calibrate", progress)
+            topology = calibration.topology(name=f"testbed-{layout.shape}-calibrated")
         rows, panels = _run_plans(layout, topology, config, workdir / "bench", progress)
     finally:
         netns.down(layout.prefix, state_dir=state_dir)
@@ -183,7 +182,7 @@ def run_bench(
         prefix=layout.prefix,
         kernel=testbed.kernel.describe(),
         rates=tuple(rates),
-        fits=tuple(fits),
+        calibration=calibration,
         topology=topology,
         rows=tuple(rows),
         gantt_panels=tuple(panels),
@@ -202,18 +201,20 @@ def calibrate_testbed(
     layout: Layout,
     *,
     sizes_bytes: Sequence[int] | None = None,
-    repeats: int = 2,
+    repeats: int = 3,
     concurrent_window_s: float = CONCURRENT_WINDOW_S,
+    overhead: bool = True,
     workdir: Path,
     progress: ProgressFn | None = None,
-) -> list[DimFit]:
-    """Run the calibration on a testbed that is up; return one fit per dimension."""
+) -> Calibration:
+    """Run the calibration on a testbed that is up: per-dimension lines, then the per-op overhead."""
     if sizes_bytes is None:
         sizes_bytes = calibration_sizes_bytes(layout.rates_bits_per_s)
     total = layout.num_dims * len(sizes_bytes) * repeats
     if progress:
         progress(0, total, "calibration")
     timeout_s = calibration_timeout_s(layout, sizes_bytes)
+    overhead_bytes = max(sizes_bytes) // 4 * 4 if overhead else 0
     events = run_job(
         layout,
         [
@@ -222,28 +223,30 @@ def calibrate_testbed(
                 "sizes_bytes": list(sizes_bytes),
                 "repeats": repeats,
                 "concurrent_window_s": concurrent_window_s,
+                "overhead_message_bytes": overhead_bytes,
             }
         ],
         workdir=workdir,
         timeout_s=timeout_s,
-        deadline_s=120.0 + 4 * total * timeout_s / 10 + 4 * len(sizes_bytes) * repeats * concurrent_window_s,
+        deadline_s=180.0 + 4 * total * timeout_s / 10 + 4 * len(sizes_bytes) * repeats * concurrent_window_s,
     )
-    samples = next((e["samples"] for e in events if e.get("event") == "calibration"), None)
-    if samples is None:
+    event = next((e for e in events if e.get("event") == "calibration"), None)
+    if event is None:
         raise TestbedError(f"the calibration returned no samples (logs in {workdir})")
     if progress:
         progress(total, total, "calibration")
-    return fit_all(layout.sizes, [Sample(**s) for s in samples])
+    return calibration_from_event(layout.sizes, event)
 
 
 def _calibrate(
     layout: Layout, config: BenchConfig, workdir: Path, progress: ProgressFn | None
-) -> list[DimFit]:
+) -> Calibration:
     return calibrate_testbed(
         layout,
         sizes_bytes=config.calibration_sizes_bytes,
         repeats=config.calibration_repeats,
         concurrent_window_s=config.calibration_concurrent_s,
+        overhead=config.calibrate_overhead,
         workdir=workdir,
         progress=progress,
     )
@@ -401,7 +404,7 @@ def result_to_dict(result: BenchResult) -> dict[str, Any]:
             }
             for r in result.rates
         ],
-        "calibration": fits_to_dict(result.fits),
+        "calibration": result.calibration.to_dict() if result.calibration else None,
         "topology": topology_to_dict(result.topology),
         "rows": rows,
         "wall_s": result.wall_s,
@@ -411,6 +414,18 @@ def result_to_dict(result: BenchResult) -> dict[str, Any]:
 
 def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
+
+
+def describe_calibration(calibration: Calibration) -> str:
+    """``dim 0 48.2 Mbit/s + 1.2 ms/op; ...; +0.8 ms per op in pipelined runs``."""
+    parts = [
+        f"dim {f.dim} {f.bandwidth_bytes_per_s * 8 / 1e6:.1f} Mbit/s + {f.constant_s * 1e3:.2f} ms/op"
+        f" (worst residual {100 * f.max_relative_residual:.0f}%)"
+        for f in calibration.fits
+    ]
+    if calibration.overhead_times_s:
+        parts.append(f"+{calibration.op_overhead_s * 1e3:.2f} ms per op inside pipelined runs")
+    return "; ".join(parts)
 
 
 def describe_rates(result: BenchResult) -> str:
@@ -475,11 +490,8 @@ def render_markdown(result: BenchResult, *, gantt_png: str | None = None) -> str
     ]
     if result.rates:
         lines.append(f"- rate check (TCP goodput, all ranks at once): {describe_rates(result)}")
-    for fit in result.fits:
-        lines.append(
-            f"- calibrated dim {fit.dim} (n={fit.size}): {fit.bandwidth_bytes_per_s * 8 / 1e6:.1f} Mbit/s,"
-            f" constant {fit.constant_s * 1e3:.2f} ms per op, worst fit residual {100 * fit.max_relative_residual:.0f}%"
-        )
+    if result.calibration is not None:
+        lines.append(f"- calibration: {describe_calibration(result.calibration)}")
     lines.append(
         f"- wall time {result.wall_s:.0f} s; host 1-min load average {result.load_average[0]:.2f} before,"
         f" {result.load_average[1]:.2f} after ({os.cpu_count()} cores)"

@@ -16,20 +16,24 @@ The same measurement runs on a real cluster under torchrun
 """
 
 import math
+import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hipipe.testbed.layout import TestbedError
 from hipipe.topology import Algorithm, Dimension, Kind, Topology
+
+if TYPE_CHECKING:
+    from hipipe.schedule import Schedule
 
 DEFAULT_CALIBRATION_SIZES_BYTES: tuple[int, ...] = (128 * 1024, 1024 * 1024, 4 * 1024 * 1024, 8 * 1024 * 1024)
 """Per-rank buffer sizes of the calibration ops: spans the chunk sizes plans use."""
 
 MIN_BANDWIDTH_BYTES_PER_S = 1.0
 
-CONCURRENT_WINDOW_S = 0.5
+CONCURRENT_WINDOW_S = 0.0
 """How long each dimension repeats its op in the concurrent calibration pass."""
 
 
@@ -105,14 +109,29 @@ def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
 
 
 def fit_dim(dim: int, size: int, samples: Sequence[Sample]) -> DimFit:
-    """Fit one dimension's samples (RS and AG pooled: the model charges them alike)."""
+    """Fit one dimension's samples (RS and AG pooled: the model charges them alike).
+
+    Repeats of one (phase, size) are first reduced to their median: on a shared host one
+    descheduled rank can stretch a single small op tenfold, and a fit on relative
+    residuals would chase it.
+    """
     mine = [s for s in samples if s.dim == dim]
-    xs = [(size - 1) / size * s.full_bytes for s in mine]
-    ys = [s.time_s for s in mine]
+    groups: dict[tuple[str, int], list[float]] = {}
+    for sample in mine:
+        groups.setdefault((sample.phase, sample.full_bytes), []).append(sample.time_s)
+    keys = sorted(groups)
+    xs = [(size - 1) / size * full_bytes for _, full_bytes in keys]
+    ys = [statistics.median(groups[key]) for key in keys]
     intercept, slope = fit_line(xs, ys)
+    constant = intercept
+    if intercept < 0:
+        # No negative latency: refit the slope through the origin (same relative weights).
+        constant = 0.0
+        slope = sum(x / y for x, y in zip(xs, ys, strict=True)) / sum(
+            (x / y) ** 2 for x, y in zip(xs, ys, strict=True)
+        )
     if not slope > 0:
         raise TestbedError(f"dimension {dim}: time does not grow with size (slope {slope:.3g} s/B)")
-    constant = max(0.0, intercept)
     residual = max(abs(y - (constant + slope * x)) / y for x, y in zip(xs, ys, strict=True) if y > 0)
     return DimFit(
         dim=dim,
@@ -124,11 +143,14 @@ def fit_dim(dim: int, size: int, samples: Sequence[Sample]) -> DimFit:
     )
 
 
-def calibrated_topology(fits: Sequence[DimFit], *, name: str = "calibrated") -> Topology:
-    """A topology whose cost model reproduces the fitted lines exactly.
+def calibrated_topology(
+    fits: Sequence[DimFit], *, name: str = "calibrated", op_overhead_s: float = 0.0
+) -> Topology:
+    """A topology whose cost model reproduces the fitted lines exactly (plus an overhead).
 
     Each dimension is a switch with the ring algorithm, whose ``latency_steps`` is
-    2 (n-1): the per-link latency is the fitted constant divided by that.
+    2 (n-1): the per-link latency is the op's constant divided by that. The constant
+    is the fitted intercept plus ``op_overhead_s`` (:func:`fit_op_overhead_s`).
     """
     dims = []
     for fit in sorted(fits, key=lambda f: f.dim):
@@ -144,11 +166,131 @@ def calibrated_topology(fits: Sequence[DimFit], *, name: str = "calibrated") -> 
                 kind=Kind.SWITCH,
                 size=fit.size,
                 bandwidth_bytes_per_s=max(MIN_BANDWIDTH_BYTES_PER_S, fit.bandwidth_bytes_per_s),
-                latency_s=fit.constant_s / template.latency_steps,
+                latency_s=(fit.constant_s + op_overhead_s) / template.latency_steps,
                 algorithm=Algorithm.RING,
             )
         )
     return Topology(dims=tuple(dims), name=name)
+
+
+OVERHEAD_PLANNER = "pipelined"
+"""The schedule that calibrates the per-op overhead: many chunks, every dimension busy,
+and neither of the two plans the benchmark compares (hipipe, themis)."""
+
+OVERHEAD_NUM_CHUNKS = 32
+
+
+def overhead_schedule(fits: Sequence[DimFit], message_bytes: int) -> "Schedule":
+    """The schedule every rank runs to measure the per-op overhead (same on every rank)."""
+    from hipipe.planners import plan
+
+    return plan(calibrated_topology(fits), message_bytes, OVERHEAD_PLANNER, num_chunks=OVERHEAD_NUM_CHUNKS)
+
+
+def fit_op_overhead_s(fits: Sequence[DimFit], schedule: "Schedule", measured_s: float) -> float:
+    """The extra constant per op that makes the simulated makespan equal the measured one.
+
+    The per-dimension lines are measured one op at a time. Inside a pipelined run an op
+    also waits for its chunk's previous op on *other* groups of ranks, and with several
+    ranks per core every such hand-off costs scheduling delay. One number per testbed,
+    found by bisection on the simulator replaying ``schedule``'s own sequences; 0 if the
+    run was not slower than predicted.
+    """
+    from hipipe.simulator import simulate_chunks
+
+    def makespan(overhead_s: float) -> float:
+        topology = calibrated_topology(fits, op_overhead_s=overhead_s)
+        return simulate_chunks(
+            topology,
+            schedule.message_bytes,
+            schedule.chunks,
+            policy="fixed",
+            sequences=schedule.sequences,
+        ).makespan_s
+
+    low, high = 0.0, measured_s
+    if makespan(low) >= measured_s:
+        return 0.0
+    for _ in range(40):
+        middle = (low + high) / 2
+        if makespan(middle) < measured_s:
+            low = middle
+        else:
+            high = middle
+    return (low + high) / 2
+
+
+def measure_overhead_in_process(
+    sizes: Sequence[int],
+    groups: Sequence[Any],
+    samples: Sequence[Sample],
+    *,
+    message_bytes: int,
+    repeats: int,
+    timeout_s: float,
+) -> list[float]:
+    """Run :func:`overhead_schedule` with the executor; the slowest rank's time per repeat.
+
+    Every rank holds the same samples (maxima over ranks), hence the same fits and the
+    same schedule; the executor checks that before it moves a byte.
+    """
+    import torch
+    import torch.distributed as dist
+
+    from hipipe.torch.executor import HierarchicalAllReduce
+
+    schedule = overhead_schedule(fit_all(sizes, samples), message_bytes)
+    executor = HierarchicalAllReduce(None, schedule, groups=list(groups), timeout_s=timeout_s)
+    tensor = torch.zeros(message_bytes // 4, dtype=torch.float32)
+    times = []
+    for i in range(repeats + 1):
+        dist.barrier()
+        t0 = time.perf_counter()
+        executor.run(tensor)
+        elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        if i > 0:  # the first run is a warm-up
+            times.append(float(elapsed.item()))
+    return times
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Calibration:
+    """Per-dimension lines plus the per-op overhead measured inside a pipelined run."""
+
+    fits: tuple[DimFit, ...]
+    op_overhead_s: float = 0.0
+    overhead_message_bytes: int = 0
+    overhead_times_s: tuple[float, ...] = ()
+
+    def topology(self, name: str = "calibrated") -> Topology:
+        return calibrated_topology(self.fits, name=name, op_overhead_s=self.op_overhead_s)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "dims": fits_to_dict(self.fits),
+            "op_overhead_s": self.op_overhead_s,
+            "overhead_schedule": f"{OVERHEAD_PLANNER} K={OVERHEAD_NUM_CHUNKS}",
+            "overhead_message_bytes": self.overhead_message_bytes,
+            "overhead_times_s": list(self.overhead_times_s),
+        }
+
+
+def calibration_from_event(sizes: Sequence[int], event: dict[str, Any]) -> Calibration:
+    """Fit what a worker's ``calibration`` event carries (samples, overhead run times)."""
+    fits = fit_all(sizes, [Sample(**s) for s in event["samples"]])
+    times = [float(t) for t in event.get("overhead_times_s", [])]
+    message_bytes = int(event.get("overhead_message_bytes", 0))
+    if not times or not message_bytes:
+        return Calibration(fits=tuple(fits))
+    schedule = overhead_schedule(fits, message_bytes)
+    overhead = fit_op_overhead_s(fits, schedule, statistics.median(times))
+    return Calibration(
+        fits=tuple(fits),
+        op_overhead_s=overhead,
+        overhead_message_bytes=message_bytes,
+        overhead_times_s=tuple(times),
+    )
 
 
 def fits_to_dict(fits: Sequence[DimFit]) -> list[dict[str, Any]]:

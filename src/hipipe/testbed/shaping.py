@@ -26,10 +26,10 @@ UNSHAPED_RATE_BITS_PER_S = 10e9
 HTB_QUANTUM_BYTES = 60_000
 """Explicit quantum keeps htb from warning about rate/r2q at both 25 Mbit and 10 Gbit."""
 
-BURST_S = 0.002
+BURST_S = 0.0005
 """Token bucket depth in time at the class rate; covers timer slack on a busy host."""
 
-MIN_BURST_BYTES = 16_000
+MIN_BURST_BYTES = 4_000
 
 
 def dim_classid(dim: int) -> str:

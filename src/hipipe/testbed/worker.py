@@ -63,7 +63,7 @@ def _run_task(task: dict[str, Any], job: dict[str, Any], rank: int, world: int, 
 
     kind = task["kind"]
     if kind == "calibrate":
-        from hipipe.testbed.calibrate import measure_in_process
+        from hipipe.testbed.calibrate import measure_in_process, measure_overhead_in_process
 
         samples = measure_in_process(
             job["sizes"],
@@ -73,10 +73,22 @@ def _run_task(task: dict[str, Any], job: dict[str, Any], rank: int, world: int, 
             timeout_s=job["timeout_s"],
             concurrent_window_s=task.get("concurrent_window_s", 0.0),
         )
+        overhead_times_s: list[float] = []
+        if task.get("overhead_message_bytes"):
+            overhead_times_s = measure_overhead_in_process(
+                job["sizes"],
+                groups,
+                samples,
+                message_bytes=int(task["overhead_message_bytes"]),
+                repeats=task["repeats"],
+                timeout_s=job["timeout_s"],
+            )
         if rank == 0:
             emit(
                 {
                     "event": "calibration",
+                    "overhead_message_bytes": task.get("overhead_message_bytes", 0),
+                    "overhead_times_s": overhead_times_s,
                     "samples": [
                         {"dim": s.dim, "phase": s.phase, "full_bytes": s.full_bytes, "time_s": s.time_s}
                         for s in samples
