@@ -47,6 +47,7 @@ class Case:
     op: str = "sum"
     use_mesh: bool = False
     trace: bool = False
+    collectives: str = "auto"
 
 
 def random_schedule(topology_spec: str, message_bytes: int, seed: int) -> Schedule:
@@ -95,6 +96,19 @@ def build_cases(topology_spec: str) -> list[Case]:
     mesh_schedule = random_schedule(topology_spec, 40003 * 8, 7)
     cases.append(Case(name="mesh-int64", schedule_json=mesh_schedule.to_json(), dtype="int64", use_mesh=True))
     cases.append(Case(name="trace-int64", schedule_json=mesh_schedule.to_json(), dtype="int64", trace=True))
+    # The backend's own collectives (what NCCL uses), padded to equal parts; Gloo runs them too.
+    cases.append(
+        Case(name="native-int64", schedule_json=mesh_schedule.to_json(), dtype="int64", collectives="native")
+    )
+    cases.append(
+        Case(
+            name="native-float32-max",
+            schedule_json=floats.to_json(),
+            dtype="float32",
+            op="max",
+            collectives="native",
+        )
+    )
     return cases
 
 
@@ -140,7 +154,9 @@ def run_cases(rank: int, world_size: int, topology_spec: str, cases: list[Case])
             executor = (
                 HierarchicalAllReduce(mesh, schedule, timeout_s=30)
                 if case.use_mesh
-                else HierarchicalAllReduce(None, schedule, groups=groups, timeout_s=30)
+                else HierarchicalAllReduce(
+                    None, schedule, groups=groups, timeout_s=30, collectives=case.collectives
+                )
             )
             dtype = dtypes[case.dtype]
             source = _data(rank, schedule.message_bytes // itemsize(case.dtype), dtype)

@@ -10,6 +10,9 @@ split into ``n`` near-equal parts by :func:`split` (the same rule on every rank)
 the ReduceScatter, ring position ``p`` holds the reduced part ``p``; the AllGather
 starts from that and leaves the whole range on everyone.
 
+:func:`native_reduce_scatter` / :func:`native_all_gather` keep the same contract with
+the backend's own collectives, for NCCL (where those are the fast path).
+
 Every message of step ``s`` carries tag ``tag_base + s``; callers running several
 rings at once on one group give them disjoint tag ranges (:data:`MAX_STEPS` apart), as
 Gloo aborts on concurrent point-to-point ops with the same tag. The receive is posted
@@ -191,3 +194,75 @@ def check_dtype(dtype: torch.dtype, op: ReduceOp | str) -> None:
         raise HipipeError(f"cannot all-reduce dtype {str(dtype).removeprefix('torch.')} (supported: {names})")
     if ReduceOp(op) is ReduceOp.AVG and not dtype.is_floating_point:
         raise HipipeError(f"op avg needs a floating-point dtype, got {str(dtype).removeprefix('torch.')}")
+
+
+_TORCH_OPS = {
+    ReduceOp.SUM: dist.ReduceOp.SUM,
+    ReduceOp.AVG: dist.ReduceOp.SUM,
+    ReduceOp.MIN: dist.ReduceOp.MIN,
+    ReduceOp.MAX: dist.ReduceOp.MAX,
+}
+
+
+def _group_order(ring: Ring) -> list[int]:
+    """For each group rank, its position in the ring (they differ when a mesh places ranks freely)."""
+    return [ring.ranks.index(dist.get_global_rank(ring.group, g)) for g in range(ring.size)]
+
+
+def native_reduce_scatter(
+    tensor: torch.Tensor,
+    ring: Ring,
+    *,
+    start: int = 0,
+    stop: int | None = None,
+    op: ReduceOp | str = ReduceOp.SUM,
+    timeout_s: float = 60.0,
+) -> tuple[int, int]:
+    """Same contract as :func:`ring_reduce_scatter`, with the backend's own collective.
+
+    For NCCL, whose ReduceScatter is the fast path. Parts are padded to one width (they
+    differ by at most one element) because the equal-size collective is the one every
+    backend implements; the padding is never read back.
+    """
+    stop = tensor.numel() if stop is None else stop
+    parts = split(start, stop, ring.size)
+    if ring.size == 1:
+        return parts[0]
+    width = max(b - a for a, b in parts)
+    inputs = []
+    for position in _group_order(ring):
+        a, b = parts[position]
+        padded = tensor.new_zeros(width)
+        padded[: b - a] = tensor[a:b]
+        inputs.append(padded)
+    output = tensor.new_empty(width)
+    work = dist.reduce_scatter(output, inputs, op=_TORCH_OPS[ReduceOp(op)], group=ring.group, async_op=True)
+    _wait([work], time.monotonic() + timeout_s, f"ReduceScatter on dims {ring.dims}")
+    a, b = parts[ring.position]
+    tensor[a:b].copy_(output[: b - a])
+    return parts[ring.position]
+
+
+def native_all_gather(
+    tensor: torch.Tensor,
+    ring: Ring,
+    *,
+    start: int = 0,
+    stop: int | None = None,
+    timeout_s: float = 60.0,
+) -> None:
+    """Same contract as :func:`ring_all_gather`, with the backend's own (padded) collective."""
+    stop = tensor.numel() if stop is None else stop
+    if ring.size == 1:
+        return
+    parts = split(start, stop, ring.size)
+    width = max(b - a for a, b in parts)
+    a, b = parts[ring.position]
+    mine = tensor.new_zeros(width)
+    mine[: b - a] = tensor[a:b]
+    outputs = [tensor.new_empty(width) for _ in range(ring.size)]
+    work = dist.all_gather(outputs, mine, group=ring.group, async_op=True)
+    _wait([work], time.monotonic() + timeout_s, f"AllGather on dims {ring.dims}")
+    for output, position in zip(outputs, _group_order(ring), strict=True):
+        a, b = parts[position]
+        tensor[a:b].copy_(output[: b - a])

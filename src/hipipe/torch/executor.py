@@ -15,13 +15,13 @@ partition the tensor exactly, whatever the dtype, length or chunk sizes. Inside 
 the current piece is split into n near-equal parts (:func:`~hipipe.torch.collectives.split`).
 """
 
+import contextlib
 import dataclasses
 import hashlib
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 import torch
@@ -32,6 +32,8 @@ from hipipe.schedule import DimGroup, Op, Phase, Schedule, validate_layout
 from hipipe.torch.collectives import (
     ReduceOp,
     check_dtype,
+    native_all_gather,
+    native_reduce_scatter,
     ring_all_gather,
     ring_reduce_scatter,
     split,
@@ -45,6 +47,9 @@ from hipipe.torch.groups import (
     rings_for_layout,
     rings_from_mesh,
 )
+
+MAX_TAG = 2**31 - 1
+"""Point-to-point tags are 32-bit signed in torch's Gloo bindings."""
 
 
 class CollectiveError(HipipeError):
@@ -111,6 +116,8 @@ class _OpPlan:
     ring: Ring
     start: int
     stop: int
+    native: bool
+    """Use the backend's own collective (NCCL) rather than the isend/irecv ring."""
 
 
 class _Progress:
@@ -162,6 +169,10 @@ class HierarchicalAllReduce:
     is collective: construct the executor on every rank with the same schedule. The
     constructor also checks that all ranks hold the same schedule, so a mismatch fails
     at once on every rank instead of deadlocking later.
+
+    ``collectives``: ``ring`` (exact isend/irecv rings), ``native`` (the backend's own
+    ReduceScatter/AllGather) or ``auto`` (native on NCCL, rings elsewhere: Gloo's own
+    ReduceScatter moves twice the bytes).
     """
 
     def __init__(
@@ -173,8 +184,11 @@ class HierarchicalAllReduce:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         backend: str | None = None,
         check_peers: bool = True,
+        collectives: str = "auto",
     ) -> None:
         validate_layout(schedule)
+        if collectives not in ("auto", "ring", "native"):
+            raise HipipeError(f"collectives must be auto, ring or native, got {collectives!r}")
         if (mesh is None) == (groups is None):
             raise HipipeError("give either a DeviceMesh or the per-dimension process groups, not both")
         if timeout_s <= 0:
@@ -201,6 +215,12 @@ class HierarchicalAllReduce:
         self.world_size = dist.get_world_size()
         self._runs = 0
         self._plans: dict[int, list[_OpPlan]] = {}
+        self._streams: dict[str, list[Any]] = {}
+        self._native = {
+            dims: collectives == "native"
+            or (collectives == "auto" and dist.get_backend(ring.group) == "nccl")
+            for dims, ring in self.rings.items()
+        }
         if check_peers:
             self._check_same_schedule()
 
@@ -231,7 +251,13 @@ class HierarchicalAllReduce:
             for op in self.schedule.chunk_ops(chunk.index):
                 level = op.step if op.phase is Phase.RS else 2 * levels - 1 - op.step
                 ring = self.rings[tuple(sorted(op.dims))]
-                plans[op.index] = _OpPlan(op=op, ring=ring, start=pieces[level][0], stop=pieces[level][1])
+                plans[op.index] = _OpPlan(
+                    op=op,
+                    ring=ring,
+                    start=pieces[level][0],
+                    stop=pieces[level][1],
+                    native=self._native[ring.dims],
+                )
         assert all(p is not None for p in plans)
         self._plans[numel] = [p for p in plans if p is not None]
         return self._plans[numel]
@@ -239,7 +265,11 @@ class HierarchicalAllReduce:
     def run(
         self, tensor: torch.Tensor, op: ReduceOp | str = ReduceOp.SUM, trace: bool = False
     ) -> Trace | None:
-        """AllReduce ``tensor`` in place across all ranks; return a :class:`Trace` if asked."""
+        """AllReduce ``tensor`` in place across all ranks; return a :class:`Trace` if asked.
+
+        Raises :class:`CollectiveError` (naming the op and the cause) if any op fails or
+        the whole run takes longer than ``timeout_s``; never waits longer than that.
+        """
         try:
             op = ReduceOp(op)
         except ValueError:
@@ -257,23 +287,133 @@ class HierarchicalAllReduce:
             )
         flat = tensor.view(-1)
         plans = self._op_plans(flat.numel())
+        # Tags: op index x ring step, alternating between two ranges on successive runs so
+        # that a fast rank's next run never matches a slow rank's messages of this one.
         stride = self.world_size
         tag_offset = (self._runs % 2) * len(plans) * stride
+        if 2 * len(plans) * stride > MAX_TAG:
+            raise HipipeError(
+                f"{len(plans)} ops on {stride} ranks need more point-to-point tags than Gloo has"
+            )
         self._runs += 1
-        t0 = time.perf_counter()
-        progress = _Progress(len(plans), time.monotonic() + self.timeout_s)
-        starts = [0.0] * len(plans)
-        ends = [0.0] * len(plans)
-        failure: list[str] = []
+        streams = self._cuda_streams(flat) if flat.is_cuda else None
+        state = _Run(
+            plans=plans,
+            sequences=self.schedule.sequences,
+            flat=flat,
+            op=op,
+            tag_offset=tag_offset,
+            tag_stride=stride,
+            rank=self.rank,
+            streams=streams,
+            sync_for_trace=trace,
+            deadline_s=time.monotonic() + self.timeout_s,
+        )
+        state.execute(self.timeout_s)
+        if streams is not None:
+            for stream in streams:
+                torch.cuda.current_stream(flat.device).wait_stream(stream)
+        if op is ReduceOp.AVG:
+            flat.div_(self.world_size)
+        if not trace:
+            return None
+        return Trace(
+            rank=self.rank,
+            ops=tuple(
+                OpTiming(index=i, start_s=state.starts_s[i], end_s=state.ends_s[i]) for i in range(len(plans))
+            ),
+            total_s=time.perf_counter() - state.t0,
+        )
 
-        def walk(dim: int) -> None:
-            current: Op | None = None
-            try:
-                for index in self.schedule.sequences[dim]:
-                    plan = plans[index]
-                    current = plan.op
-                    owner = min(current.dims)
-                    if dim != owner:
+    def _cuda_streams(self, flat: torch.Tensor) -> list[Any]:
+        """One CUDA stream per dim, so that the dims' ops overlap on the GPU too."""
+        key = str(flat.device)
+        if key not in self._streams:
+            self._streams[key] = [torch.cuda.Stream(flat.device) for _ in self.schedule.sequences]
+        return self._streams[key]
+
+
+class _Run:
+    """One AllReduce in flight: one thread per dim walks its sequence (see module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        plans: list[_OpPlan],
+        sequences: Sequence[Sequence[int]],
+        flat: torch.Tensor,
+        op: ReduceOp,
+        tag_offset: int,
+        tag_stride: int,
+        rank: int,
+        streams: list[Any] | None,
+        sync_for_trace: bool,
+        deadline_s: float,
+    ) -> None:
+        self.plans = plans
+        self.sequences = sequences
+        self.flat = flat
+        self.op = op
+        self.tag_offset = tag_offset
+        self.tag_stride = tag_stride
+        self.rank = rank
+        self.streams = streams
+        self.sync_for_trace = sync_for_trace
+        self.progress = _Progress(len(plans), deadline_s)
+        self.starts_s = [0.0] * len(plans)
+        self.ends_s = [0.0] * len(plans)
+        self.failure: list[str] = []
+        self.t0 = time.perf_counter()
+        # CUDA only: the caller's stream state at the start, and each op's completion event.
+        self.ready = None
+        self.events: list[Any] = [None] * len(plans)
+        if streams is not None:
+            self.ready = torch.cuda.Event()
+            self.ready.record(torch.cuda.current_stream(flat.device))
+
+    def execute(self, timeout_s: float) -> None:
+        """Start the dims' threads and wait for all of them, the first error, or the deadline."""
+        progress = self.progress
+        threads = [
+            threading.Thread(target=self.walk, args=(k,), name=f"hipipe-dim{k}", daemon=True)
+            for k in range(len(self.sequences))
+        ]
+        for thread in threads:
+            thread.start()
+        with progress.cond:
+            while progress.finished_dims < len(threads) and progress.error is None:
+                remaining_s = progress.deadline_s - time.monotonic()
+                if remaining_s <= 0:
+                    waits = "; ".join(
+                        f"dim {k} waits for {w}" for k, w in sorted(progress.waiting_on.items())
+                    )
+                    raise CollectiveError(
+                        f"rank {self.rank}: AllReduce timed out after {timeout_s:g} s ({waits or 'in transfer'})"
+                    )
+                progress.cond.wait(remaining_s + 0.05)
+            if progress.error is not None:
+                # Threads still blocked in a transfer are daemons: they end with the process group.
+                raise CollectiveError(self.failure[0]) from progress.error
+        for thread in threads:
+            thread.join()
+
+    def walk(self, dim: int) -> None:
+        """Thread body for one dim: its sequence, in order, each op after its chain predecessor."""
+        progress = self.progress
+        current: Op | None = None
+        try:
+            if self.streams is not None:
+                torch.cuda.set_device(self.flat.device)
+                stream = self.streams[dim]
+                stream.wait_event(self.ready)
+                context: Any = torch.cuda.stream(stream)
+            else:
+                context = contextlib.nullcontext()
+            with context:
+                for index in self.sequences[dim]:
+                    current = self.plans[index].op
+                    if dim != min(current.dims):
+                        # Another dim's thread runs this multi-dim op; this dim is busy until it ends.
                         progress.update(
                             lambda i=index: progress.arrived.__setitem__(i, progress.arrived[i] + 1)
                         )
@@ -294,87 +434,54 @@ class HierarchicalAllReduce:
                             f"dims {current.dims} to reach {_describe(current)}",
                             lambda i=index, n=others: progress.arrived[i] >= n,
                         )
-                    starts[index] = time.perf_counter() - t0
-                    remaining_s = progress.deadline_s - time.monotonic()
-                    if remaining_s <= 0:
-                        raise TimeoutError("no time left")
-                    tag_base = tag_offset + index * stride
-                    if current.phase is Phase.RS:
-                        ring_reduce_scatter(
-                            flat,
-                            plan.ring,
-                            start=plan.start,
-                            stop=plan.stop,
-                            op=op,
-                            tag_base=tag_base,
-                            timeout_s=remaining_s,
-                        )
-                    else:
-                        ring_all_gather(
-                            flat,
-                            plan.ring,
-                            start=plan.start,
-                            stop=plan.stop,
-                            tag_base=tag_base,
-                            timeout_s=remaining_s,
-                        )
-                    ends[index] = time.perf_counter() - t0
+                    self.run_op(index)
                     progress.update(lambda i=index: progress.done.__setitem__(i, True))
-            except _Aborted:
-                pass
-            except BaseException as exc:
-                where = _describe(current) if current is not None else f"dim {dim}"
-                message = f"rank {self.rank}: {where} failed: {type(exc).__name__}: {_one_line(exc)}"
+        except _Aborted:
+            pass
+        except BaseException as exc:
+            where = _describe(current) if current is not None else f"dim {dim}"
+            message = f"rank {self.rank}: {where} failed: {type(exc).__name__}: {_one_line(exc)}"
+            error = exc
 
-                error = exc
+            def record() -> None:
+                if progress.error is None:
+                    progress.error = error
+                    self.failure.append(message)
 
-                def record() -> None:
-                    if progress.error is None:
-                        progress.error = error
-                        failure.append(message)
+            progress.update(record)
+        finally:
+            progress.update(lambda: setattr(progress, "finished_dims", progress.finished_dims + 1))
 
-                progress.update(record)
-            finally:
-                progress.update(lambda: setattr(progress, "finished_dims", progress.finished_dims + 1))
-
-        threads = [
-            threading.Thread(target=walk, args=(k,), name=f"hipipe-dim{k}", daemon=True)
-            for k in range(len(self.schedule.sequences))
-        ]
-        for thread in threads:
-            thread.start()
-        with progress.cond:
-            while progress.finished_dims < len(threads) and progress.error is None:
-                remaining_s = progress.deadline_s - time.monotonic()
-                if remaining_s <= 0:
-                    waits = "; ".join(
-                        f"dim {k} waits for {w}" for k, w in sorted(progress.waiting_on.items())
-                    )
-                    raise CollectiveError(
-                        f"rank {self.rank}: AllReduce timed out after {self.timeout_s:g} s ({waits or 'in transfer'})"
-                    )
-                progress.cond.wait(remaining_s + 0.05)
-            if progress.error is not None:
-                raise CollectiveError(failure[0]) from progress.error
-        for thread in threads:
-            thread.join()
-        if op is ReduceOp.AVG:
-            flat.div_(self.world_size)
-        total_s = time.perf_counter() - t0
-        if not trace:
-            return None
-        return Trace(
-            rank=self.rank,
-            ops=tuple(OpTiming(index=i, start_s=starts[i], end_s=ends[i]) for i in range(len(plans))),
-            total_s=total_s,
-        )
+    def run_op(self, index: int) -> None:
+        plan = self.plans[index]
+        op = plan.op
+        remaining_s = self.progress.deadline_s - time.monotonic()
+        if remaining_s <= 0:
+            raise TimeoutError("no time left before the deadline")
+        if self.streams is not None and op.step > 0:
+            torch.cuda.current_stream(self.flat.device).wait_event(self.events[index - 1])
+        self.starts_s[index] = time.perf_counter() - self.t0
+        flat, ring, start, stop = self.flat, plan.ring, plan.start, plan.stop
+        tag_base = self.tag_offset + index * self.tag_stride
+        if op.phase is Phase.RS and plan.native:
+            native_reduce_scatter(flat, ring, start=start, stop=stop, op=self.op, timeout_s=remaining_s)
+        elif op.phase is Phase.RS:
+            ring_reduce_scatter(
+                flat, ring, start=start, stop=stop, op=self.op, tag_base=tag_base, timeout_s=remaining_s
+            )
+        elif plan.native:
+            native_all_gather(flat, ring, start=start, stop=stop, timeout_s=remaining_s)
+        else:
+            ring_all_gather(flat, ring, start=start, stop=stop, tag_base=tag_base, timeout_s=remaining_s)
+        if self.streams is not None:
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(self.flat.device))
+            self.events[index] = event
+            if self.sync_for_trace:
+                event.synchronize()  # host times mean nothing until the GPU is done
+        self.ends_s[index] = time.perf_counter() - self.t0
 
 
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else ""
-
-
-def timeout_delta(timeout_s: float) -> timedelta:
-    """``init_process_group`` and groups take a timedelta; hipipe speaks seconds."""
-    return timedelta(seconds=timeout_s)
