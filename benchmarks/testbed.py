@@ -57,19 +57,38 @@ PLANNERS = ("hipipe", "themis", "pipelined", "hierarchical")
 SPEEDUP_GOAL = 2.0
 RATIO_GOAL = 0.15
 REDUCTION_GOAL_POINTS = 5.0
-QUIET_LOAD = 1.0
-QUIET_WAIT_S = 240.0
+QUIET_BUSY_FRACTION = 0.25
+QUIET_WAIT_S = 300.0
+
+
+def cpu_busy_fraction(sample_s: float = 3.0) -> float:
+    """Share of CPU time not idle over ``sample_s`` (from /proc/stat), all cores together.
+
+    Unlike the load average it forgets our own previous shape within seconds.
+    """
+
+    def snapshot() -> tuple[int, int]:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+        return idle, sum(fields)
+
+    idle0, total0 = snapshot()
+    time.sleep(sample_s)
+    idle1, total1 = snapshot()
+    return 1.0 - (idle1 - idle0) / max(1, total1 - total0)
 
 
 def wait_for_quiet_host(console: Console) -> float:
-    """Wait until the 1-minute load average drops below :data:`QUIET_LOAD` (bounded)."""
+    """Wait (bounded) until other work uses under a quarter of the CPU; return the last reading."""
     deadline = time.monotonic() + QUIET_WAIT_S
-    load = os.getloadavg()[0]
-    while load > QUIET_LOAD and time.monotonic() < deadline:
-        console.print(f"[dim]host load {load:.2f}: waiting for a quieter machine[/dim]")
-        time.sleep(15)
-        load = os.getloadavg()[0]
-    return load
+    busy = cpu_busy_fraction()
+    while busy > QUIET_BUSY_FRACTION and time.monotonic() < deadline:
+        console.print(
+            f"[dim]host CPU {100 * busy:.0f}% busy with other work: waiting for a quieter machine[/dim]"
+        )
+        time.sleep(10)
+        busy = cpu_busy_fraction()
+    return busy
 
 
 def goals(result: BenchResult, shape: str) -> list[dict[str, Any]]:
@@ -118,7 +137,11 @@ def card(console: Console, result: BenchResult, shape: str) -> None:
 
 
 def write_report(
-    out: Path, stem: str, results: list[tuple[str, BenchResult]], all_goals: list[dict[str, Any]]
+    out: Path,
+    stem: str,
+    results: list[tuple[str, BenchResult]],
+    all_goals: list[dict[str, Any]],
+    busy: dict[str, float],
 ) -> None:
     machine = stem.split("-")[1]
     lines = [
@@ -145,8 +168,11 @@ def write_report(
             f"| {goal['goal']} | {goal['shape']} | {goal['size']} | {value} | {'yes' if goal['met'] else 'NO'} |"
         )
     lines.append("")
-    for _, result in results:
+    for shape, result in results:
         lines.append(render_markdown(result))
+        lines.append(
+            f"Other work on the host just before this shape: {100 * busy.get(shape, 0):.0f}% CPU busy.\n"
+        )
     lines += ["", f"![planned vs measured Gantt of hipipe runs]({stem}.png)", ""]
     atomic_write_text(out / f"{stem}.md", "\n".join(lines))
     panels = [panel for _, result in results for panel in result.gantt_panels]
@@ -168,8 +194,9 @@ def main() -> int:
         return 0
     results: list[tuple[str, BenchResult]] = []
     all_goals: list[dict[str, Any]] = []
+    busy: dict[str, float] = {}
     for shape, rates, messages in QUICK_SHAPES if args.quick else SHAPES:
-        wait_for_quiet_host(console)
+        busy_before = wait_for_quiet_host(console)
         sizes = parse_shape(shape)
         config = BenchConfig(
             sizes=sizes,
@@ -181,6 +208,7 @@ def main() -> int:
         console.print(f"[bold]{shape} at {rates}[/bold]: {', '.join(f'{m // MIB} MiB' for m in messages)}")
         result = run_bench(config, progress=lambda done, total, what: None)
         results.append((shape, result))
+        busy[shape] = busy_before
         card(console, result, shape)
         all_goals += goals(result, shape)
     for goal in all_goals:
@@ -190,7 +218,7 @@ def main() -> int:
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         stem = f"testbed-{machine}-{datetime.date.today().isoformat()}"
-        write_report(args.out, stem, results, all_goals)
+        write_report(args.out, stem, results, all_goals, busy)
         console.print(f"[dim]wrote {args.out / stem}.md and .png[/dim]")
     print(
         json.dumps(
@@ -198,6 +226,7 @@ def main() -> int:
                 "benchmark": "testbed",
                 "machine": machine,
                 "goals": all_goals,
+                "cpu_busy_before": busy,
                 "runs": [result_to_dict(r) for _, r in results],
             }
         )
