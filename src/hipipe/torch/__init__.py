@@ -4,11 +4,22 @@ The core package never imports this module; importing it imports torch.
 
 - :class:`HierarchicalAllReduce` -- in-place AllReduce following a schedule
 - :func:`dimension_groups`, :func:`group_for_dims` -- process groups per dim (dim 0 fastest)
+- :func:`rings_for_layout` -- those groups with the ring order every member agrees on
 - :func:`ring_reduce_scatter`, :func:`ring_all_gather` -- one dim's ring collectives
+  (exact bytes, distinct tags; usable alone for calibration); ``native_*`` for NCCL
 - :func:`trace_to_schedule` -- measured op times as a schedule, for the Gantt chart
+- :mod:`hipipe.torch.comm_hook` -- DDP communication hook; :mod:`hipipe.torch.launch` --
+  N local processes (``hipipe run --nproc``, tests)
 """
 
-from hipipe.torch.collectives import ReduceOp, ring_all_gather, ring_reduce_scatter, split
+from hipipe.torch.collectives import (
+    ReduceOp,
+    native_all_gather,
+    native_reduce_scatter,
+    ring_all_gather,
+    ring_reduce_scatter,
+    split,
+)
 from hipipe.torch.executor import (
     CollectiveError,
     HierarchicalAllReduce,
@@ -17,7 +28,14 @@ from hipipe.torch.executor import (
     element_bounds,
     trace_to_schedule,
 )
-from hipipe.torch.groups import DEFAULT_TIMEOUT_S, Ring, dimension_groups, group_for_dims
+from hipipe.torch.groups import (
+    DEFAULT_TIMEOUT_S,
+    Ring,
+    dimension_groups,
+    group_for_dims,
+    rings_for_layout,
+    rings_from_mesh,
+)
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -30,8 +48,12 @@ __all__ = [
     "dimension_groups",
     "element_bounds",
     "group_for_dims",
+    "native_all_gather",
+    "native_reduce_scatter",
     "ring_all_gather",
     "ring_reduce_scatter",
+    "rings_for_layout",
+    "rings_from_mesh",
     "split",
     "trace_to_schedule",
 ]

@@ -111,7 +111,9 @@ def _timed(fn: object, buffer: torch.Tensor, source: torch.Tensor, config: RunCo
         dist.barrier()
         start = time.perf_counter()
         fn(buffer)  # type: ignore[operator]
-        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+        if buffer.is_cuda:
+            torch.cuda.synchronize(buffer.device)
+        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=buffer.device)
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
         if i >= config.warmup:
             times.append(float(elapsed.item()))
@@ -127,11 +129,17 @@ def measure(rank: int, world_size: int, config: RunConfig) -> RunResult:
         raise HipipeError(
             f"the topology {topology.label()} needs {topology.num_npus} ranks, the job has {world_size}"
         )
+    device = torch.device("cpu")
+    if config.backend == "nccl":
+        device = torch.device(
+            "cuda", int(os.environ.get("LOCAL_RANK", rank % max(torch.cuda.device_count(), 1)))
+        )
+        torch.cuda.set_device(device)
     groups = dimension_groups(topology.sizes, timeout_s=config.timeout_s)
     executor = HierarchicalAllReduce(None, schedule, groups=groups, timeout_s=config.timeout_s)
     dtype = DTYPES[config.dtype]
     itemsize = torch.empty(0, dtype=dtype).element_size()
-    source = _data(rank, schedule.message_bytes // itemsize, dtype)
+    source = _data(rank, schedule.message_bytes // itemsize, dtype).to(device)
     reduce_op = ReduceOp(config.op)
     torch_op = {
         ReduceOp.SUM: dist.ReduceOp.SUM,
@@ -153,10 +161,13 @@ def measure(rank: int, world_size: int, config: RunConfig) -> RunResult:
     magnitude = source.to(torch.float64).abs()
     dist.all_reduce(magnitude)
     difference = (ours.to(torch.float64) - reference.to(torch.float64)).abs()
-    worst = torch.tensor([float(difference.max()) if difference.numel() else 0.0], dtype=torch.float64)
+    worst = torch.tensor(
+        [float(difference.max()) if difference.numel() else 0.0], dtype=torch.float64, device=device
+    )
     worst_relative = torch.tensor(
         [float((difference / magnitude.clamp(min=1.0)).max()) if difference.numel() else 0.0],
         dtype=torch.float64,
+        device=device,
     )
     dist.all_reduce(worst, op=dist.ReduceOp.MAX)
     dist.all_reduce(worst_relative, op=dist.ReduceOp.MAX)

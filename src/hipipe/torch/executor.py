@@ -227,7 +227,8 @@ class HierarchicalAllReduce:
     def _check_same_schedule(self) -> None:
         """All ranks must run the same schedule; compare a digest over the world."""
         digest = hashlib.sha256(self.schedule.to_json().encode()).digest()
-        mine = torch.tensor([int.from_bytes(digest[:7], "little")], dtype=torch.int64)
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+        mine = torch.tensor([int.from_bytes(digest[:7], "little")], dtype=torch.int64, device=device)
         everyone = [torch.zeros_like(mine) for _ in range(self.world_size)]
         dist.all_gather(everyone, mine)
         differ = [r for r, t in enumerate(everyone) if int(t.item()) != int(mine.item())]
