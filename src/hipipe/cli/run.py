@@ -9,10 +9,12 @@ for both. A thin layer over :mod:`hipipe.torch.bench`; torch is imported only he
 import argparse
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
+from hipipe.cli import EXIT_USER_ERROR
 from hipipe.cli.common import TOPOLOGY_HELP, check_output_path, stdout_console
 from hipipe.errors import HipipeError
 from hipipe.files import atomic_write_text
@@ -81,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
     if importlib.util.find_spec("torch") is None:
         raise HipipeError("hipipe run needs torch: install hipipe[torch]")
     from hipipe.torch import bench
+    from hipipe.torch.executor import CollectiveError
 
     trace_path = check_output_path(args.trace)
     gantt_path = check_output_path(args.gantt, suffix=".png")
@@ -100,7 +103,14 @@ def run(args: argparse.Namespace) -> int:
     if args.nproc is not None:
         rank, result = 0, bench.run_local(config, args.nproc)
     else:
-        rank, result = bench.run_from_env(config)
+        try:
+            rank, result = bench.run_from_env(config)
+        except CollectiveError as exc:
+            # The process group is broken (a peer died or hung): a normal interpreter exit can
+            # abort in Gloo's destructors, so report in one line and leave at once.
+            print(f"hipipe: error: {exc}", file=sys.stderr, flush=True)
+            sys.stdout.flush()
+            os._exit(EXIT_USER_ERROR)
     if rank != 0:
         return 0 if result.verified else 1
     if result.measured is not None:

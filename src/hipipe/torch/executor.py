@@ -18,6 +18,7 @@ the current piece is split into n near-equal parts (:func:`~hipipe.torch.collect
 import contextlib
 import dataclasses
 import hashlib
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -484,5 +485,7 @@ class _Run:
 
 
 def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else ""
+    """First line of an error, without the ``[/path/to/gloo/pair.cc:553] `` source prefix."""
+    lines = str(exc).strip().splitlines()
+    text = lines[0] if lines else ""
+    return re.sub(r"^\[[^\]]*:\d+\]\s*", "", text)
