@@ -6,6 +6,7 @@ that stops answering, so the others must time out. Every job's processes are rea
 pid before it returns (``exitcode`` set on every rank).
 """
 
+import dataclasses
 import os
 import threading
 import time
@@ -45,6 +46,12 @@ def misuse(rank: int, world_size: int, schedule_json: str, other_json: str) -> d
         "wrong-dtype": lambda: executor.run(torch.zeros(NUMEL * 8, dtype=torch.bool)),
         "avg-of-ints": lambda: executor.run(torch.zeros(NUMEL, dtype=torch.int64), op="avg"),
         "unknown-op": lambda: executor.run(torch.zeros(NUMEL, dtype=torch.int64), op="product"),
+        "deadlocking-sequences": lambda: HierarchicalAllReduce(
+            None,
+            dataclasses.replace(schedule, sequences=(schedule.sequences[0][::-1], *schedule.sequences[1:])),
+            groups=groups,
+            timeout_s=20,
+        ),
         # Rank 3 alone brings another schedule: every rank must refuse, none may hang.
         "different-schedule": lambda: HierarchicalAllReduce(
             None, Schedule.from_json(other_json if rank == 3 else schedule_json), groups=groups, timeout_s=20
@@ -74,6 +81,7 @@ EXPECTED = {
     "avg-of-ints": "avg needs a floating-point dtype",
     "unknown-op": "unknown reduce op",
     "different-schedule": "hold a different schedule",
+    "deadlocking-sequences": "deadlock",
 }
 
 

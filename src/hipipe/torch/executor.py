@@ -30,6 +30,7 @@ import torch.distributed as dist
 
 from hipipe.errors import HipipeError, ScheduleError
 from hipipe.schedule import DimGroup, Op, Phase, Schedule, validate_layout
+from hipipe.simulator import Policy, simulate
 from hipipe.torch.collectives import (
     ReduceOp,
     check_dtype,
@@ -174,6 +175,10 @@ class HierarchicalAllReduce:
     ``collectives``: ``ring`` (exact isend/irecv rings), ``native`` (the backend's own
     ReduceScatter/AllGather) or ``auto`` (native on NCCL, rings elsewhere: Gloo's own
     ReduceScatter moves twice the bytes).
+
+    One :meth:`run` at a time per set of groups: runs derive their point-to-point tags
+    from op indices, so two runs in flight on the same groups (from two threads, or two
+    executors) could take each other's messages.
     """
 
     def __init__(
@@ -188,6 +193,9 @@ class HierarchicalAllReduce:
         collectives: str = "auto",
     ) -> None:
         validate_layout(schedule)
+        # Sequences that contradict the chunks' chains would deadlock every rank until the
+        # timeout; the simulator's fixed policy finds that now, in one clear line.
+        simulate(schedule, policy=Policy.FIXED)
         if collectives not in ("auto", "ring", "native"):
             raise HipipeError(f"collectives must be auto, ring or native, got {collectives!r}")
         if (mesh is None) == (groups is None):
