@@ -43,9 +43,21 @@ def train(rank: int, world_size: int, spec: str, planners: tuple[str, ...]) -> d
             torch.nn.functional.mse_loss(ddp(inputs), targets).backward()
             optimizer.step()
         finals[name] = [p.detach().clone() for p in model.parameters()]
+    # A hook that cannot plan fails backward on every rank, promptly and in words.
+    model = torch.nn.Linear(13, 5)
+    ddp = DistributedDataParallel(model)
+    ddp.register_comm_hook(
+        HipipeHookState.create(topology, planner="no-such-planner", groups=groups), hipipe_hook
+    )
+    try:
+        ddp(torch.randn(4, 13)).sum().backward()
+        hook_error = "no error"
+    except Exception as exc:
+        hook_error = str(exc)
     initial = torch.nn.Sequential(torch.nn.Linear(13, 37), torch.nn.Tanh(), torch.nn.Linear(37, 5))
     moved = max(float((a - b).abs().max()) for a, b in zip(finals["default"], _seeded(initial), strict=True))
     return {
+        "hook_error": hook_error,
         "moved": moved,
         "differences": {
             name: max(
@@ -65,6 +77,7 @@ def _seeded(model: Any) -> list[Any]:
 def test_ddp_with_hipipe_hook_matches_default_hook() -> None:
     results = raise_on_failure(spawn(train, 8, args=(SPEC, PLANNERS), timeout_s=240, pg_timeout_s=30))
     for rank, result in enumerate(results):
+        assert "unknown planner 'no-such-planner'" in result["hook_error"], result["hook_error"]
         assert result["moved"] > 1e-3, "training must change the parameters, or the comparison proves nothing"
         for planner, difference in result["differences"].items():
             assert difference < 1e-5, (rank, planner, difference)

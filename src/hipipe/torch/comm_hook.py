@@ -10,15 +10,22 @@ order on every rank. A schedule is planned per bucket size (a schedule is for on
 message size) and its executor kept for the next steps; building an executor is
 collective, which is safe here because every rank meets the same bucket sizes in the
 same order. The result is the mean, as with DDP's default hook.
+
+Buckets are reduced on one background thread, in the order DDP hands them over, so the
+backward pass keeps computing while gradients travel (DDP waits for the futures at the
+end of backward). One thread, not several: two runs in flight on the same groups would
+reuse each other's point-to-point tags.
 """
 
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from hipipe.errors import HipipeError
 from hipipe.planners import plan
 from hipipe.schedule import Schedule
 from hipipe.topology import Topology
@@ -38,6 +45,10 @@ class HipipeHookState:
     num_chunks: int | None = None
     executors: dict[tuple[int, torch.dtype], HierarchicalAllReduce] = field(default_factory=dict)
     """One executor per bucket (length, dtype), planned the first time the bucket is seen."""
+    worker: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(max_workers=1, thread_name_prefix="hipipe-ddp")
+    )
+    """Runs the buckets one after another, off the backward pass."""
 
     @classmethod
     def create(
@@ -60,17 +71,23 @@ class HipipeHookState:
         key = (tensor.numel(), tensor.dtype)
         if key not in self.executors:
             # Rank 0 plans and sends the schedule: N ranks planning the same LP at once cost N times the CPU.
-            payload: list[str | None] = [None]
+            # If planning fails, every rank must hear it, not wait in the broadcast until the timeout.
+            payload: list[tuple[str, str] | None] = [None]
             if dist.get_rank() == 0:
                 size_bytes = tensor.numel() * tensor.element_size()
-                payload[0] = plan(
-                    self.topology, size_bytes, self.planner, num_chunks=self.num_chunks
-                ).to_json()
+                try:
+                    schedule = plan(self.topology, size_bytes, self.planner, num_chunks=self.num_chunks)
+                    payload[0] = ("schedule", schedule.to_json())
+                except HipipeError as exc:
+                    payload[0] = ("error", str(exc))
             dist.broadcast_object_list(payload, src=0)
             assert payload[0] is not None
+            kind, text = payload[0]
+            if kind == "error":
+                raise HipipeError(f"planning a {tensor.numel()}-element gradient bucket failed: {text}")
             self.executors[key] = HierarchicalAllReduce(
                 None,
-                Schedule.from_json(payload[0]),
+                Schedule.from_json(text),
                 groups=self.groups,
                 timeout_s=self.timeout_s,
                 check_peers=False,
@@ -81,12 +98,20 @@ class HipipeHookState:
 def hipipe_hook(state: HipipeHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Average one gradient bucket across all ranks with the bucket's schedule.
 
-    Runs to completion before returning (DDP calls hooks one bucket after another):
-    two executors in flight at once on the same groups would reuse each other's tags.
-    The annotations are what DDP checks a hook's signature against.
+    Returns at once; the future completes (or carries the error) when the bucket's
+    AllReduce ends on the hook's thread. The annotations are what DDP checks a hook's
+    signature against.
     """
     tensor = bucket.buffer()
-    state.executor_for(tensor).run(tensor, op=ReduceOp.AVG)
     future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    future.set_result(tensor)
+
+    def reduce() -> None:
+        try:
+            state.executor_for(tensor).run(tensor, op=ReduceOp.AVG)
+        except Exception as exc:
+            future.set_exception(exc)  # type: ignore[arg-type]  # torch's stub types it as the result
+        else:
+            future.set_result(tensor)
+
+    state.worker.submit(reduce)
     return future
