@@ -43,11 +43,13 @@ def explain(schedule: Schedule) -> str:
     if candidates:
         best = min(c["makespan_s"] for c in candidates)
         tried = ", ".join(
-            f"{c['num_chunks']}{'' if c['source'] in ('mix', 'ascending') else ' ' + c['source']}"
+            f"{c['num_chunks']}"
+            f"{'' if c.get('kept_chunks', c['num_chunks']) == c['num_chunks'] else '->' + str(c['kept_chunks'])}"
+            f"{'' if c['source'] in ('mix', 'ascending') else ' ' + c['source']}"
             f"={_time(c['makespan_s'])}{' *' if c['makespan_s'] == best else ''}"
             for c in candidates
         )
-        lines.append(f"candidates tried (K=time): {tried}")
+        lines.append(f"candidates tried (K[->kept after dropping empty chunks]=time): {tried}")
     for entry in pruned:
         lines.append(f"stopped at K={entry['num_chunks']}: {entry['pruned']}")
     for entry in failed:

@@ -128,6 +128,7 @@ def _info(
         "baselines_makespan_s": baselines,
         "lp_solves": log.lp_solves,
         "simplex_iterations": log.simplex_iterations,
+        "lp_work_op_solves": log.lp_work,
     }
 
 

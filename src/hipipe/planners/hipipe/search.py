@@ -14,7 +14,7 @@ import numpy as np
 
 from hipipe.bounds import OrderMix, chunked_bound_s, order_loads
 from hipipe.errors import SolverError
-from hipipe.planners.baselines import plan_hierarchical, plan_pipelined, plan_themis
+from hipipe.planners.baselines import plan_hierarchical, plan_pipelined, plan_themis, themis_orders
 from hipipe.planners.hipipe.sequencing import BASIC_RULES, Rule, list_schedule, longest_path_s
 from hipipe.planners.hipipe.sizing import SizingModel
 from hipipe.planners.hipipe.structure import (
@@ -52,6 +52,11 @@ MAX_OPS = 512
 """Ks whose chunks would have more ops than this (K * 2D) are not tried: LP time grows
 about quadratically with the ops, and so many chunks only pay off at zero latency,
 where they gain well under 1%."""
+
+LP_WORK_BUDGET = 6000
+"""Plan-time budget, in op-LPs (one LP over n ops counts n): once spent, the search
+finishes the K at hand and stops. Deterministic, unlike a wall-clock budget, so the same
+input always gets the same plan; ~6000 is about 0.2 s of HiGHS on a 2-core machine."""
 
 IMPROVEMENT = 1e-9
 """Relative gain below which a new candidate does not count as better (LP noise)."""
@@ -93,6 +98,17 @@ class SearchLog:
     tried: list[dict[str, Any]] = field(default_factory=list)
     lp_solves: int = 0
     simplex_iterations: int = 0
+    lp_work: int = 0
+    """Sum over LP solves of the ops each LP had: what the plan-time budget counts."""
+
+    def record(self, num_ops: int, iterations: int) -> None:
+        self.lp_solves += 1
+        self.simplex_iterations += iterations
+        self.lp_work += num_ops
+
+    @property
+    def over_budget(self) -> bool:
+        return self.lp_work >= LP_WORK_BUDGET
 
 
 def time_unit_s(topology: Topology, message_bytes: float, mix: OrderMix) -> float:
@@ -146,8 +162,7 @@ def _optimize_structure(
                 continue
             seen.add(seq)
             sizing = model.solve(seq)
-            log.lp_solves += 1
-            log.simplex_iterations += sizing.iterations
+            log.record(table.num_ops, sizing.iterations)
             makespan = longest_path_s(table, table.durations_s(sizing.sizes_bytes), seq)
             candidate = Candidate(
                 structure=Structure(orders=orders, sequences=seq, source=source),
@@ -158,7 +173,7 @@ def _optimize_structure(
             if _better(best, candidate):
                 best = candidate
                 improved = True
-        if not (resequence and improved) or best is None:
+        if not (resequence and improved) or best is None or log.over_budget:
             break
         durations = table.durations_s(best.sizes_bytes)
         pending = [list_schedule(table, durations, rule) for rule in BASIC_RULES]
@@ -178,13 +193,22 @@ def fastest_first(topology: Topology) -> Order:
 
 
 def _families(
-    topology: Topology, mix: OrderMix, num_chunks: int, options: SearchOptions
+    topology: Topology, message_bytes: float, mix: OrderMix, num_chunks: int, options: SearchOptions
 ) -> list[tuple[str, tuple[Order, ...]]]:
     """Chunk orders to try for this K: the fluid mix (with bookends when a light order
-    would be left out), and fastest-first for small K."""
+    would be left out), Themis' greedy orders, and fastest-first for small K."""
     if options.ascending_only:
         return [("ascending", (tuple(range(topology.num_dims)),) * num_chunks)]
     families = [("mix", assign_orders(mix.orders, mix.weights, num_chunks))]
+    if num_chunks > 1:
+        # Themis' greedy orders (least-loaded dims first, chunk by chunk): many distinct
+        # orders where the mix has a few, which often fills and drains the pipeline better.
+        greedy = tuple(
+            tuple(k for group in order for k in group)
+            for order in themis_orders(topology, int(message_bytes), num_chunks)
+        )
+        if greedy != families[0][1]:
+            families.append(("greedy", greedy))
     bookends = bookend_orders(mix.orders, mix.weights, num_chunks)
     if bookends is not None and not set(mix.orders) <= set(families[0][1]):
         # Some order of the mix is too light to get a chunk of its own at this K: give
@@ -270,7 +294,7 @@ def _best_for_chunks(
     every LP failed."""
     best_here: Candidate | None = None
     rounds = options.max_rounds if num_chunks <= FULL_ROUNDS_MAX_CHUNKS else min(1, options.max_rounds)
-    for source, orders in _families(topology, mix, num_chunks, options):
+    for source, orders in _families(topology, message_bytes, mix, num_chunks, options):
         try:
             candidate = _candidate_for(
                 topology,
@@ -323,6 +347,9 @@ def search(
     for num_chunks in options.chunk_counts:
         if len(options.chunk_counts) > 1 and num_chunks * 2 * topology.num_dims > MAX_OPS:
             break
+        if best is not None and log.over_budget:
+            log.tried.append({"num_chunks": num_chunks, "pruned": "plan-time budget spent"})
+            break
         if (
             best is not None
             and chunked_bound_s(topology, message_bytes, num_chunks, loads=loads) >= best.makespan_s
@@ -354,7 +381,7 @@ def search(
         # they are dropped, so a large K lets the LP choose which chunks to keep: it finds
         # structures the ladder's neighbours miss.
         for num_chunks in PROBE_CHUNKS:
-            if num_chunks in tried or num_chunks * 2 * topology.num_dims > MAX_OPS:
+            if num_chunks in tried or num_chunks * 2 * topology.num_dims > MAX_OPS or log.over_budget:
                 continue
             candidate = _best_for_chunks(
                 topology, message_bytes, mix, num_chunks, options=options, unit_s=unit_s, log=log
@@ -423,9 +450,8 @@ def drop_empty_chunks(
         structure = without_chunks(candidate.structure, empty)
         model = SizingModel(topology, message_bytes, structure.orders, time_unit_s=unit_s)
         sizing = model.solve(structure.sequences)
-        log.lp_solves += 1
-        log.simplex_iterations += sizing.iterations
         table = op_table(topology, structure.orders)
+        log.record(table.num_ops, sizing.iterations)
         candidate = Candidate(
             structure=structure,
             sizes_bytes=sizing.sizes_bytes,
