@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hipipe import BASELINES, PLANNERS, Dimension, Topology, plan
-from hipipe.bounds import order_mix, order_mix_bound_s
+from hipipe.bounds import chunked_bound_s, latency_aware_bound_s, order_mix, order_mix_bound_s
 from hipipe.cost import lower_bound_s, op_time_s
 from hipipe.errors import HipipeError, SolverError
 from hipipe.planners.hipipe import explain
@@ -177,6 +177,10 @@ def test_hipipe_never_loses_to_a_baseline(topology, message):
     for name in BASELINES:
         baseline = plan(topology, message, name)
         assert schedule.makespan_s <= baseline.makespan_s, name
+    # The floors the search prunes with (and the benchmark's ceilings) really are floors.
+    assert schedule.makespan_s >= latency_aware_bound_s(topology, message) * (1 - 1e-9)
+    if schedule.num_chunks >= 2:
+        assert schedule.makespan_s >= chunked_bound_s(topology, message, schedule.num_chunks) * (1 - 1e-9)
 
 
 # -- robustness --------------------------------------------------------------------------

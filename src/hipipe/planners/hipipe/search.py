@@ -53,6 +53,11 @@ MAX_OPS = 512
 about quadratically with the ops, and so many chunks only pay off at zero latency,
 where they gain well under 1%."""
 
+RETIRE_MARGIN = 0.05
+RETIRE_STRIKES = 2
+"""An order family that trails the best of its K by 5% twice in a row is not tried at
+larger K: its LPs are better spent on the families that work for this network."""
+
 LP_WORK_BUDGET = 6000
 """Plan-time budget, in op-LPs (one LP over n ops counts n): once spent, the search
 finishes the K at hand and stops. Deterministic, unlike a wall-clock budget, so the same
@@ -100,6 +105,10 @@ class SearchLog:
     simplex_iterations: int = 0
     lp_work: int = 0
     """Sum over LP solves of the ops each LP had: what the plan-time budget counts."""
+    strikes: dict[str, int] = field(default_factory=dict)
+    """Per order family, how many Ks in a row it trailed that K's best by RETIRE_MARGIN."""
+    retired: set[str] = field(default_factory=set)
+    """Families no longer tried at larger K (the mix never retires)."""
 
     def record(self, num_ops: int, iterations: int) -> None:
         self.lp_solves += 1
@@ -294,7 +303,10 @@ def _best_for_chunks(
     every LP failed."""
     best_here: Candidate | None = None
     rounds = options.max_rounds if num_chunks <= FULL_ROUNDS_MAX_CHUNKS else min(1, options.max_rounds)
+    results: dict[str, float] = {}
     for source, orders in _families(topology, message_bytes, mix, num_chunks, options):
+        if source in log.retired:
+            continue
         try:
             candidate = _candidate_for(
                 topology,
@@ -317,8 +329,15 @@ def _best_for_chunks(
                 "makespan_s": candidate.makespan_s,
             }
         )
+        results[source] = candidate.makespan_s
         if _better(best_here, candidate):
             best_here = candidate
+    if best_here is not None:
+        for source, makespan_s in results.items():
+            behind = makespan_s > best_here.makespan_s * (1 + RETIRE_MARGIN)
+            log.strikes[source] = log.strikes.get(source, 0) + 1 if behind else 0
+            if log.strikes[source] >= RETIRE_STRIKES and source != "mix":
+                log.retired.add(source)
     return best_here
 
 
