@@ -8,18 +8,18 @@ the reported makespan, and the two must agree (else the LP was wrong: we raise).
 from collections import defaultdict
 from typing import Any
 
-from hipipe.bounds import order_mix
+from hipipe.bounds import OrderMix, order_mix
 from hipipe.cost import lower_bound_s
 from hipipe.errors import HipipeError, SolverError
-from hipipe.planners.hipipe.search import (
+from hipipe.planners.hipipe.candidates import (
     CHUNK_LADDER,
     Candidate,
     SearchLog,
     SearchOptions,
     drop_empty_chunks,
-    search,
     time_unit_s,
 )
+from hipipe.planners.hipipe.search import search
 from hipipe.planners.hipipe.structure import to_chunks
 from hipipe.schedule import Schedule
 from hipipe.simulator import Policy, simulate_chunks
@@ -92,7 +92,7 @@ def _info(
     schedule: Schedule,
     best: Candidate,
     *,
-    mix_orders: Any,
+    mix_orders: OrderMix,
     baselines: dict[str, float],
     log: SearchLog,
 ) -> dict[str, Any]:

@@ -1,0 +1,209 @@
+"""Evaluating one structure: list-scheduled sequences, LP sizes, re-sequencing rounds.
+
+A *candidate* is a structure (chunk orders + per-dim sequences) with chunk sizes and the
+makespan they give. :func:`optimize_structure` turns chunk orders into the best
+candidate it finds: sequences from the list-scheduling rules on uniform sizes, LP sizes
+for each, then rounds of re-sequencing on the best sizes and re-solving (HIPIPE.md
+section 5, steps 3-5); empty chunks are dropped at the end.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hipipe.bounds import OrderMix
+from hipipe.planners.hipipe.sequencing import BASIC_RULES, Rule, list_schedule, longest_path_s
+from hipipe.planners.hipipe.sizing import SizingModel
+from hipipe.planners.hipipe.structure import Order, Structure, op_table, without_chunks
+from hipipe.topology import Topology
+
+CHUNK_LADDER: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+"""Numbers of chunks tried, in order: about x1.4 apart, so the best is never far off."""
+
+ALL_RULES_MAX_CHUNKS = 8
+"""Up to this K, the first sequences come from every list-scheduling rule (LPs are cheap)."""
+
+LP_WORK_BUDGET = 6000
+"""Plan-time budget, in op-LPs (one LP over n ops counts n): once spent, the search
+finishes the K at hand and stops. Deterministic, unlike a wall-clock budget, so the same
+input always gets the same plan; ~6000 is about 0.2 s of HiGHS on a 2-core machine."""
+
+IMPROVEMENT = 1e-9
+"""Relative gain below which a new candidate does not count as better (LP noise)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SearchOptions:
+    """What the search may change; the ablations switch parts of it off."""
+
+    chunk_counts: tuple[int, ...] = CHUNK_LADDER
+    lp_sizes: bool = True
+    """False: uniform chunk sizes (the ``hipipe-uniform`` ablation)."""
+    ascending_only: bool = False
+    """True: every chunk in ascending order (the ``hipipe-fixed-order`` ablation)."""
+    baseline_seeds: bool = True
+    max_rounds: int = 3
+    """Re-sequencing rounds per K after the first LP."""
+    patience: int = 2
+    """Stop the K ladder after this many Ks in a row that do not improve on the best
+    (one, above ``FULL_ROUNDS_MAX_CHUNKS``, where each K costs more)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Candidate:
+    """A structure with its sizes and the makespan they give."""
+
+    structure: Structure
+    sizes_bytes: np.ndarray
+    makespan_s: float
+    """Longest path of the fixed sequences with these sizes (what the simulator will say)."""
+    lp_makespan_s: float | None
+    """The LP optimum for this structure (None when sizes are not from the LP)."""
+
+
+@dataclass(kw_only=True)
+class SearchLog:
+    """What the search tried, for ``Schedule.info``. Mutable: filled in as it goes."""
+
+    tried: list[dict[str, Any]] = field(default_factory=list)
+    lp_solves: int = 0
+    simplex_iterations: int = 0
+    lp_work: int = 0
+    """Sum over LP solves of the ops each LP had: what the plan-time budget counts."""
+    strikes: dict[str, int] = field(default_factory=dict)
+    """Per order family, how many Ks in a row it trailed that K's best by RETIRE_MARGIN."""
+    retired: set[str] = field(default_factory=set)
+    """Families no longer tried at larger K (the mix never retires)."""
+
+    def record(self, num_ops: int, iterations: int) -> None:
+        self.lp_solves += 1
+        self.simplex_iterations += iterations
+        self.lp_work += num_ops
+
+    @property
+    def over_budget(self) -> bool:
+        return self.lp_work >= LP_WORK_BUDGET
+
+
+def time_unit_s(topology: Topology, message_bytes: float, mix: OrderMix) -> float:
+    """A rough makespan: the LP's times are in this unit so they are O(1)."""
+    latency_s = sum(2 * d.latency_s * d.latency_steps for d in topology.dims)
+    return mix.time_per_byte_s * message_bytes + latency_s
+
+
+def better(a: Candidate | None, b: Candidate) -> bool:
+    return a is None or b.makespan_s < a.makespan_s * (1 - IMPROVEMENT)
+
+
+def optimize_structure(
+    topology: Topology,
+    message_bytes: float,
+    orders: tuple[Order, ...],
+    sequences: list[tuple[tuple[int, ...], ...]],
+    *,
+    source: str,
+    options: SearchOptions,
+    unit_s: float,
+    log: SearchLog,
+    resequence: bool,
+) -> Candidate:
+    """Best candidate over ``sequences`` (and re-sequencing rounds when ``resequence``)."""
+    table = op_table(topology, orders)
+    num_chunks = len(orders)
+    uniform = np.full(num_chunks, message_bytes / num_chunks)
+    if not options.lp_sizes:
+        best: Candidate | None = None
+        for seq in sequences:
+            makespan = longest_path_s(table, table.durations_s(uniform), seq)
+            candidate = Candidate(
+                structure=Structure(orders=orders, sequences=seq, source=source),
+                sizes_bytes=uniform,
+                makespan_s=makespan,
+                lp_makespan_s=None,
+            )
+            if better(best, candidate):
+                best = candidate
+        assert best is not None
+        return best
+    model = SizingModel(topology, message_bytes, orders, time_unit_s=unit_s)
+    best = None
+    seen: set[tuple[tuple[int, ...], ...]] = set()
+    pending = list(sequences)
+    for _ in range(options.max_rounds + 1):
+        improved = False
+        for seq in pending:
+            if seq in seen:
+                continue
+            seen.add(seq)
+            sizing = model.solve(seq)
+            log.record(table.num_ops, sizing.iterations)
+            makespan = longest_path_s(table, table.durations_s(sizing.sizes_bytes), seq)
+            candidate = Candidate(
+                structure=Structure(orders=orders, sequences=seq, source=source),
+                sizes_bytes=sizing.sizes_bytes,
+                makespan_s=makespan,
+                lp_makespan_s=sizing.makespan_s,
+            )
+            if better(best, candidate):
+                best = candidate
+                improved = True
+        if not (resequence and improved) or best is None or log.over_budget:
+            break
+        durations = table.durations_s(best.sizes_bytes)
+        pending = [list_schedule(table, durations, rule) for rule in BASIC_RULES]
+    assert best is not None
+    return drop_empty_chunks(topology, message_bytes, best, unit_s=unit_s, log=log)
+
+
+def candidate_for(
+    topology: Topology,
+    message_bytes: float,
+    source: str,
+    orders: tuple[Order, ...],
+    *,
+    options: SearchOptions,
+    unit_s: float,
+    log: SearchLog,
+) -> Candidate:
+    num_chunks = len(orders)
+    table = op_table(topology, orders)
+    durations = table.durations_s(np.full(num_chunks, message_bytes / num_chunks))
+    rules = tuple(Rule) if num_chunks <= ALL_RULES_MAX_CHUNKS else BASIC_RULES
+    sequences = list(dict.fromkeys(list_schedule(table, durations, rule) for rule in rules))
+    return optimize_structure(
+        topology,
+        message_bytes,
+        orders,
+        sequences,
+        source=source,
+        options=options,
+        unit_s=unit_s,
+        log=log,
+        resequence=True,
+    )
+
+
+def drop_empty_chunks(
+    topology: Topology, message_bytes: float, candidate: Candidate, *, unit_s: float, log: SearchLog
+) -> Candidate:
+    """Remove zero-size chunks (they would pay latency for nothing) and re-solve the LP.
+
+    Removing ops from fixed sequences can only shorten every path, so the re-solved LP
+    is at least as good; repeated in case the new optimum empties another chunk.
+    """
+    while True:
+        empty = {j for j, size in enumerate(candidate.sizes_bytes) if size <= 0}
+        if not empty:
+            return candidate
+        structure = without_chunks(candidate.structure, empty)
+        model = SizingModel(topology, message_bytes, structure.orders, time_unit_s=unit_s)
+        sizing = model.solve(structure.sequences)
+        table = op_table(topology, structure.orders)
+        log.record(table.num_ops, sizing.iterations)
+        candidate = Candidate(
+            structure=structure,
+            sizes_bytes=sizing.sizes_bytes,
+            makespan_s=longest_path_s(table, table.durations_s(sizing.sizes_bytes), structure.sequences),
+            lp_makespan_s=sizing.makespan_s,
+        )

@@ -1,0 +1,53 @@
+"""Chunk orders to try for a given K: the *order families* of the search.
+
+The fluid LP says which orders and how many bytes each (:mod:`hipipe.bounds`), but not
+how to lay them out over K chunks, nor what is best when latency dominates; each family
+is one answer, and the LP on each tells which works for this network and message.
+"""
+
+from hipipe.bounds import OrderMix
+from hipipe.planners.baselines import themis_orders
+from hipipe.planners.hipipe.structure import Order, assign_orders, bookend_orders
+from hipipe.topology import Topology
+
+FASTEST_FIRST_MAX_CHUNKS = 8
+"""Fastest-first orders are tried up to this K; beyond, only the mix can keep dims busy."""
+
+
+def fastest_first(topology: Topology) -> Order:
+    """The order that makes one chunk's chain shortest: dims by descending bandwidth.
+
+    Swapping adjacent dims i, j changes the chain's bandwidth time by a factor of
+    ``1/B_i - 1/B_j`` (the ``(n-1)/n`` terms cancel), so faster dims go first. Every
+    order pays the same latencies, so this is the best single order for K = 1 and the
+    natural one for latency-bound messages (few chunks, little to overlap).
+    """
+    return tuple(sorted(range(topology.num_dims), key=lambda k: (-topology.dims[k].bandwidth_bytes_per_s, k)))
+
+
+def families(
+    topology: Topology, message_bytes: float, mix: OrderMix, num_chunks: int, *, ascending_only: bool
+) -> list[tuple[str, tuple[Order, ...]]]:
+    """Chunk orders to try for this K: the fluid mix (with bookends when a light order
+    would be left out), Themis' greedy orders, and fastest-first for small K."""
+    if ascending_only:
+        return [("ascending", (tuple(range(topology.num_dims)),) * num_chunks)]
+    families = [("mix", assign_orders(mix.orders, mix.weights, num_chunks))]
+    if num_chunks > 1:
+        # Themis' greedy orders (least-loaded dims first, chunk by chunk): many distinct
+        # orders where the mix has a few, which often fills and drains the pipeline better.
+        greedy = tuple(
+            tuple(k for group in order for k in group)
+            for order in themis_orders(topology, int(message_bytes), num_chunks)
+        )
+        if greedy != families[0][1]:
+            families.append(("greedy", greedy))
+    bookends = bookend_orders(mix.orders, mix.weights, num_chunks)
+    if bookends is not None and not set(mix.orders) <= set(families[0][1]):
+        # Some order of the mix is too light to get a chunk of its own at this K: give
+        # it a chunk at each end, where it keeps the dims it starts on busy.
+        families.append(("mix-bookends", bookends))
+    single = (fastest_first(topology),) * num_chunks
+    if num_chunks <= FASTEST_FIRST_MAX_CHUNKS and single != families[0][1]:
+        families.append(("fastest-first", single))
+    return families
