@@ -15,11 +15,8 @@ partition the tensor exactly, whatever the dtype, length or chunk sizes. Inside 
 the current piece is split into n near-equal parts (:func:`~hipipe.torch.collectives.split`).
 """
 
-import contextlib
 import dataclasses
 import hashlib
-import re
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -29,17 +26,9 @@ import torch
 import torch.distributed as dist
 
 from hipipe.errors import HipipeError, ScheduleError
-from hipipe.schedule import DimGroup, Op, Phase, Schedule, validate_layout
+from hipipe.schedule import DimGroup, Phase, Schedule, validate_layout
 from hipipe.simulator import Policy, simulate
-from hipipe.torch.collectives import (
-    ReduceOp,
-    check_dtype,
-    native_all_gather,
-    native_reduce_scatter,
-    ring_all_gather,
-    ring_reduce_scatter,
-    split,
-)
+from hipipe.torch.collectives import ReduceOp, check_dtype, split
 from hipipe.torch.groups import (
     DEFAULT_TIMEOUT_S,
     Ring,
@@ -49,13 +38,20 @@ from hipipe.torch.groups import (
     rings_for_layout,
     rings_from_mesh,
 )
+from hipipe.torch.threads import CollectiveError, DimThreads, OpPlan
+
+__all__ = [
+    "MAX_TAG",
+    "CollectiveError",
+    "HierarchicalAllReduce",
+    "OpTiming",
+    "Trace",
+    "element_bounds",
+    "trace_to_schedule",
+]
 
 MAX_TAG = 2**31 - 1
 """Point-to-point tags are 32-bit signed in torch's Gloo bindings."""
-
-
-class CollectiveError(HipipeError):
-    """The AllReduce failed or timed out on this rank (a peer died, a mismatch, a timeout)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -108,57 +104,6 @@ def trace_to_schedule(schedule: Schedule, trace: Trace) -> Schedule:
         makespan_s=max((t.end_s for t in trace.ops), default=0.0),
         info={**dict(schedule.info), "measured": True, "rank": trace.rank},
     )
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class _OpPlan:
-    """What this rank does for one op: the element range on the op's wide side."""
-
-    op: Op
-    ring: Ring
-    start: int
-    stop: int
-    native: bool
-    """Use the backend's own collective (NCCL) rather than the isend/irecv ring."""
-
-
-class _Progress:
-    """Shared state of one run: done flags, arrivals at multi-dim ops, the first error."""
-
-    def __init__(self, num_ops: int, deadline_s: float) -> None:
-        self.cond = threading.Condition()
-        self.done = [False] * num_ops
-        self.arrived = [0] * num_ops
-        self.error: BaseException | None = None
-        self.finished_dims = 0
-        self.waiting_on: dict[int, str] = {}
-        self.deadline_s = deadline_s
-
-    def wait_for(self, dim: int, what: str, ready: Any) -> None:
-        """Block until ``ready()``; raise if another thread failed or the deadline passed."""
-        with self.cond:
-            self.waiting_on[dim] = what
-            while not ready():
-                if self.error is not None:
-                    raise _Aborted
-                remaining_s = self.deadline_s - time.monotonic()
-                if remaining_s <= 0:
-                    raise TimeoutError(f"waited for {what}")
-                self.cond.wait(remaining_s)
-            self.waiting_on.pop(dim, None)
-
-    def update(self, change: Any) -> None:
-        with self.cond:
-            change()
-            self.cond.notify_all()
-
-
-class _Aborted(Exception):
-    """Another dim's thread failed first; this one just stops."""
-
-
-def _describe(op: Op) -> str:
-    return f"op {op.index} (chunk {op.chunk} step {op.step}: {op.phase.value} on dims {op.dims})"
 
 
 class HierarchicalAllReduce:
@@ -223,7 +168,7 @@ class HierarchicalAllReduce:
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         self._runs = 0
-        self._plans: dict[int, list[_OpPlan]] = {}
+        self._plans: dict[int, list[OpPlan]] = {}
         self._streams: dict[str, list[Any]] = {}
         self._native = {
             dims: collectives == "native"
@@ -246,12 +191,12 @@ class HierarchicalAllReduce:
                 f"rank {self.rank}: ranks {differ} hold a different schedule; every rank must run the same one"
             )
 
-    def _op_plans(self, numel: int) -> list[_OpPlan]:
+    def _op_plans(self, numel: int) -> list[OpPlan]:
         """Per op, this rank's element range on its wide side (cached per tensor length)."""
         if numel in self._plans:
             return self._plans[numel]
         bounds = element_bounds(self.schedule, numel)
-        plans: list[_OpPlan | None] = [None] * len(self.schedule.ops)
+        plans: list[OpPlan | None] = [None] * len(self.schedule.ops)
         for chunk in self.schedule.chunks:
             pieces = [(bounds[chunk.index], bounds[chunk.index + 1])]
             for group in chunk.order:
@@ -261,7 +206,7 @@ class HierarchicalAllReduce:
             for op in self.schedule.chunk_ops(chunk.index):
                 level = op.step if op.phase is Phase.RS else 2 * levels - 1 - op.step
                 ring = self.rings[tuple(sorted(op.dims))]
-                plans[op.index] = _OpPlan(
+                plans[op.index] = OpPlan(
                     op=op,
                     ring=ring,
                     start=pieces[level][0],
@@ -307,7 +252,7 @@ class HierarchicalAllReduce:
             )
         self._runs += 1
         streams = self._cuda_streams(flat) if flat.is_cuda else None
-        state = _Run(
+        state = DimThreads(
             plans=plans,
             sequences=self.schedule.sequences,
             flat=flat,
@@ -341,159 +286,3 @@ class HierarchicalAllReduce:
         if key not in self._streams:
             self._streams[key] = [torch.cuda.Stream(flat.device) for _ in self.schedule.sequences]
         return self._streams[key]
-
-
-class _Run:
-    """One AllReduce in flight: one thread per dim walks its sequence (see module docstring)."""
-
-    def __init__(
-        self,
-        *,
-        plans: list[_OpPlan],
-        sequences: Sequence[Sequence[int]],
-        flat: torch.Tensor,
-        op: ReduceOp,
-        tag_offset: int,
-        tag_stride: int,
-        rank: int,
-        streams: list[Any] | None,
-        sync_for_trace: bool,
-        deadline_s: float,
-    ) -> None:
-        self.plans = plans
-        self.sequences = sequences
-        self.flat = flat
-        self.op = op
-        self.tag_offset = tag_offset
-        self.tag_stride = tag_stride
-        self.rank = rank
-        self.streams = streams
-        self.sync_for_trace = sync_for_trace
-        self.progress = _Progress(len(plans), deadline_s)
-        self.starts_s = [0.0] * len(plans)
-        self.ends_s = [0.0] * len(plans)
-        self.failure: list[str] = []
-        self.t0 = time.perf_counter()
-        # CUDA only: the caller's stream state at the start, and each op's completion event.
-        self.ready = None
-        self.events: list[Any] = [None] * len(plans)
-        if streams is not None:
-            self.ready = torch.cuda.Event()
-            self.ready.record(torch.cuda.current_stream(flat.device))
-
-    def execute(self, timeout_s: float) -> None:
-        """Start the dims' threads and wait for all of them, the first error, or the deadline."""
-        progress = self.progress
-        threads = [
-            threading.Thread(target=self.walk, args=(k,), name=f"hipipe-dim{k}", daemon=True)
-            for k in range(len(self.sequences))
-        ]
-        for thread in threads:
-            thread.start()
-        with progress.cond:
-            while progress.finished_dims < len(threads) and progress.error is None:
-                remaining_s = progress.deadline_s - time.monotonic()
-                if remaining_s <= 0:
-                    waits = "; ".join(
-                        f"dim {k} waits for {w}" for k, w in sorted(progress.waiting_on.items())
-                    )
-                    raise CollectiveError(
-                        f"rank {self.rank}: AllReduce timed out after {timeout_s:g} s ({waits or 'in transfer'})"
-                    )
-                progress.cond.wait(remaining_s + 0.05)
-            if progress.error is not None:
-                # Threads still blocked in a transfer are daemons: they end with the process group.
-                raise CollectiveError(self.failure[0]) from progress.error
-        for thread in threads:
-            thread.join()
-
-    def walk(self, dim: int) -> None:
-        """Thread body for one dim: its sequence, in order, each op after its chain predecessor."""
-        progress = self.progress
-        current: Op | None = None
-        try:
-            if self.streams is not None:
-                torch.cuda.set_device(self.flat.device)
-                stream = self.streams[dim]
-                stream.wait_event(self.ready)
-                context: Any = torch.cuda.stream(stream)
-            else:
-                context = contextlib.nullcontext()
-            with context:
-                for index in self.sequences[dim]:
-                    current = self.plans[index].op
-                    if dim != min(current.dims):
-                        # Another dim's thread runs this multi-dim op; this dim is busy until it ends.
-                        progress.update(
-                            lambda i=index: progress.arrived.__setitem__(i, progress.arrived[i] + 1)
-                        )
-                        progress.wait_for(
-                            dim, f"{_describe(current)} to end", lambda i=index: progress.done[i]
-                        )
-                        continue
-                    if current.step > 0:
-                        progress.wait_for(
-                            dim,
-                            f"op {index - 1} before {_describe(current)}",
-                            lambda i=index: progress.done[i - 1],
-                        )
-                    others = len(current.dims) - 1
-                    if others:
-                        progress.wait_for(
-                            dim,
-                            f"dims {current.dims} to reach {_describe(current)}",
-                            lambda i=index, n=others: progress.arrived[i] >= n,
-                        )
-                    self.run_op(index)
-                    progress.update(lambda i=index: progress.done.__setitem__(i, True))
-        except _Aborted:
-            pass
-        except BaseException as exc:
-            where = _describe(current) if current is not None else f"dim {dim}"
-            message = f"rank {self.rank}: {where} failed: {type(exc).__name__}: {_one_line(exc)}"
-            error = exc
-
-            def record() -> None:
-                if progress.error is None:
-                    progress.error = error
-                    self.failure.append(message)
-
-            progress.update(record)
-        finally:
-            progress.update(lambda: setattr(progress, "finished_dims", progress.finished_dims + 1))
-
-    def run_op(self, index: int) -> None:
-        plan = self.plans[index]
-        op = plan.op
-        remaining_s = self.progress.deadline_s - time.monotonic()
-        if remaining_s <= 0:
-            raise TimeoutError("no time left before the deadline")
-        if self.streams is not None and op.step > 0:
-            torch.cuda.current_stream(self.flat.device).wait_event(self.events[index - 1])
-        self.starts_s[index] = time.perf_counter() - self.t0
-        flat, ring, start, stop = self.flat, plan.ring, plan.start, plan.stop
-        tag_base = self.tag_offset + index * self.tag_stride
-        if op.phase is Phase.RS and plan.native:
-            native_reduce_scatter(flat, ring, start=start, stop=stop, op=self.op, timeout_s=remaining_s)
-        elif op.phase is Phase.RS:
-            ring_reduce_scatter(
-                flat, ring, start=start, stop=stop, op=self.op, tag_base=tag_base, timeout_s=remaining_s
-            )
-        elif plan.native:
-            native_all_gather(flat, ring, start=start, stop=stop, timeout_s=remaining_s)
-        else:
-            ring_all_gather(flat, ring, start=start, stop=stop, tag_base=tag_base, timeout_s=remaining_s)
-        if self.streams is not None:
-            event = torch.cuda.Event()
-            event.record(torch.cuda.current_stream(self.flat.device))
-            self.events[index] = event
-            if self.sync_for_trace:
-                event.synchronize()  # host times mean nothing until the GPU is done
-        self.ends_s[index] = time.perf_counter() - self.t0
-
-
-def _one_line(exc: BaseException) -> str:
-    """First line of an error, without the ``[/path/to/gloo/pair.cc:553] `` source prefix."""
-    lines = str(exc).strip().splitlines()
-    text = lines[0] if lines else ""
-    return re.sub(r"^\[[^\]]*:\d+\]\s*", "", text)

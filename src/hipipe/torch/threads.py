@@ -1,0 +1,248 @@
+"""The threads that run one AllReduce: one per dim, each walking its sequence.
+
+Split from :mod:`hipipe.torch.executor`, which decides *what* each op does on this
+rank (:class:`OpPlan`); this module decides *when*: an op starts once its chunk's
+previous op has ended (any dim) and its dim's previous op has ended (same thread).
+Errors in any thread end the run on the caller with the op named; the deadline is
+enforced by the caller's wait, so a stuck transfer can never hang the caller.
+"""
+
+import contextlib
+import re
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from hipipe.errors import HipipeError
+from hipipe.schedule import Op, Phase
+from hipipe.torch.collectives import (
+    ReduceOp,
+    native_all_gather,
+    native_reduce_scatter,
+    ring_all_gather,
+    ring_reduce_scatter,
+)
+from hipipe.torch.groups import Ring
+
+
+class CollectiveError(HipipeError):
+    """The AllReduce failed or timed out on this rank (a peer died, a mismatch, a timeout)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OpPlan:
+    """What this rank does for one op: the element range on the op's wide side."""
+
+    op: Op
+    ring: Ring
+    start: int
+    stop: int
+    native: bool
+    """Use the backend's own collective (NCCL) rather than the isend/irecv ring."""
+
+
+class _Progress:
+    """Shared state of one run: done flags, arrivals at multi-dim ops, the first error."""
+
+    def __init__(self, num_ops: int, deadline_s: float) -> None:
+        self.cond = threading.Condition()
+        self.done = [False] * num_ops
+        self.arrived = [0] * num_ops
+        self.error: BaseException | None = None
+        self.finished_dims = 0
+        self.waiting_on: dict[int, str] = {}
+        self.deadline_s = deadline_s
+
+    def wait_for(self, dim: int, what: str, ready: Callable[[], bool]) -> None:
+        """Block until ``ready()``; raise if another thread failed or the deadline passed."""
+        with self.cond:
+            self.waiting_on[dim] = what
+            while not ready():
+                if self.error is not None:
+                    raise _Aborted
+                remaining_s = self.deadline_s - time.monotonic()
+                if remaining_s <= 0:
+                    raise TimeoutError(f"waited for {what}")
+                self.cond.wait(remaining_s)
+            self.waiting_on.pop(dim, None)
+
+    def wait_done(self, dim: int, what: str, index: int) -> None:
+        self.wait_for(dim, what, lambda: self.done[index])
+
+    def wait_arrived(self, dim: int, what: str, index: int, count: int) -> None:
+        self.wait_for(dim, what, lambda: self.arrived[index] >= count)
+
+    def mark_done(self, index: int) -> None:
+        with self.cond:
+            self.done[index] = True
+            self.cond.notify_all()
+
+    def mark_arrived(self, index: int) -> None:
+        with self.cond:
+            self.arrived[index] += 1
+            self.cond.notify_all()
+
+    def fail(self, error: BaseException, message: str, failures: list[str]) -> None:
+        """Record the first error only: it is the cause, later ones are its echoes."""
+        with self.cond:
+            if self.error is None:
+                self.error = error
+                failures.append(message)
+            self.cond.notify_all()
+
+    def finish_dim(self) -> None:
+        with self.cond:
+            self.finished_dims += 1
+            self.cond.notify_all()
+
+
+class _Aborted(Exception):
+    """Another dim's thread failed first; this one just stops."""
+
+
+def _describe(op: Op) -> str:
+    return f"op {op.index} (chunk {op.chunk} step {op.step}: {op.phase.value} on dims {op.dims})"
+
+
+class DimThreads:
+    """One AllReduce in flight: one thread per dim walks its sequence (see module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        plans: list[OpPlan],
+        sequences: Sequence[Sequence[int]],
+        flat: torch.Tensor,
+        op: ReduceOp,
+        tag_offset: int,
+        tag_stride: int,
+        rank: int,
+        streams: list[Any] | None,
+        sync_for_trace: bool,
+        deadline_s: float,
+    ) -> None:
+        self.plans = plans
+        self.sequences = sequences
+        self.flat = flat
+        self.op = op
+        self.tag_offset = tag_offset
+        self.tag_stride = tag_stride
+        self.rank = rank
+        self.streams = streams
+        self.sync_for_trace = sync_for_trace
+        self.progress = _Progress(len(plans), deadline_s)
+        self.starts_s = [0.0] * len(plans)
+        self.ends_s = [0.0] * len(plans)
+        self.failure: list[str] = []
+        self.t0 = time.perf_counter()
+        # CUDA only: the caller's stream state at the start, and each op's completion event.
+        self.ready = None
+        self.events: list[Any] = [None] * len(plans)
+        if streams is not None:
+            self.ready = torch.cuda.Event()
+            self.ready.record(torch.cuda.current_stream(flat.device))
+
+    def execute(self, timeout_s: float) -> None:
+        """Start the dims' threads and wait for all of them, the first error, or the deadline."""
+        progress = self.progress
+        threads = [
+            threading.Thread(target=self.walk, args=(k,), name=f"hipipe-dim{k}", daemon=True)
+            for k in range(len(self.sequences))
+        ]
+        for thread in threads:
+            thread.start()
+        with progress.cond:
+            while progress.finished_dims < len(threads) and progress.error is None:
+                remaining_s = progress.deadline_s - time.monotonic()
+                if remaining_s <= 0:
+                    waits = "; ".join(
+                        f"dim {k} waits for {w}" for k, w in sorted(progress.waiting_on.items())
+                    )
+                    raise CollectiveError(
+                        f"rank {self.rank}: AllReduce timed out after {timeout_s:g} s ({waits or 'in transfer'})"
+                    )
+                progress.cond.wait(remaining_s + 0.05)
+            if progress.error is not None:
+                # Threads still blocked in a transfer are daemons: they end with the process group.
+                raise CollectiveError(self.failure[0]) from progress.error
+        for thread in threads:
+            thread.join()
+
+    def walk(self, dim: int) -> None:
+        """Thread body for one dim: its sequence, in order, each op after its chain predecessor."""
+        progress = self.progress
+        current: Op | None = None
+        try:
+            if self.streams is not None:
+                torch.cuda.set_device(self.flat.device)
+                stream = self.streams[dim]
+                stream.wait_event(self.ready)
+                context: Any = torch.cuda.stream(stream)
+            else:
+                context = contextlib.nullcontext()
+            with context:
+                for index in self.sequences[dim]:
+                    current = self.plans[index].op
+                    if dim != min(current.dims):
+                        # Another dim's thread runs this multi-dim op; this dim is busy until it ends.
+                        progress.mark_arrived(index)
+                        progress.wait_done(dim, f"{_describe(current)} to end", index)
+                        continue
+                    if current.step > 0:
+                        progress.wait_done(dim, f"op {index - 1} before {_describe(current)}", index - 1)
+                    others = len(current.dims) - 1
+                    if others:
+                        progress.wait_arrived(
+                            dim, f"dims {current.dims} to reach {_describe(current)}", index, others
+                        )
+                    self.run_op(index)
+                    progress.mark_done(index)
+        except _Aborted:
+            pass
+        except BaseException as exc:
+            where = _describe(current) if current is not None else f"dim {dim}"
+            progress.fail(
+                exc, f"rank {self.rank}: {where} failed: {type(exc).__name__}: {_one_line(exc)}", self.failure
+            )
+        finally:
+            progress.finish_dim()
+
+    def run_op(self, index: int) -> None:
+        plan = self.plans[index]
+        op = plan.op
+        remaining_s = self.progress.deadline_s - time.monotonic()
+        if remaining_s <= 0:
+            raise TimeoutError("no time left before the deadline")
+        if self.streams is not None and op.step > 0:
+            torch.cuda.current_stream(self.flat.device).wait_event(self.events[index - 1])
+        self.starts_s[index] = time.perf_counter() - self.t0
+        flat, ring, start, stop = self.flat, plan.ring, plan.start, plan.stop
+        tag_base = self.tag_offset + index * self.tag_stride
+        if op.phase is Phase.RS and plan.native:
+            native_reduce_scatter(flat, ring, start=start, stop=stop, op=self.op, timeout_s=remaining_s)
+        elif op.phase is Phase.RS:
+            ring_reduce_scatter(
+                flat, ring, start=start, stop=stop, op=self.op, tag_base=tag_base, timeout_s=remaining_s
+            )
+        elif plan.native:
+            native_all_gather(flat, ring, start=start, stop=stop, timeout_s=remaining_s)
+        else:
+            ring_all_gather(flat, ring, start=start, stop=stop, tag_base=tag_base, timeout_s=remaining_s)
+        if self.streams is not None:
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(self.flat.device))
+            self.events[index] = event
+            if self.sync_for_trace:
+                event.synchronize()  # host times mean nothing until the GPU is done
+        self.ends_s[index] = time.perf_counter() - self.t0
+
+
+def _one_line(exc: BaseException) -> str:
+    """First line of an error, without the ``[/path/to/gloo/pair.cc:553] `` source prefix."""
+    lines = str(exc).strip().splitlines()
+    text = lines[0] if lines else ""
+    return re.sub(r"^\[[^\]]*:\d+\]\s*", "", text)
