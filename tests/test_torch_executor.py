@@ -45,7 +45,8 @@ class Case:
     schedule_json: str
     dtype: str
     op: str = "sum"
-    use_mesh: bool = False
+    mesh: str = ""
+    """'' for the topology's groups; 'standard' for init_device_mesh; 'permuted' for ranks placed at random."""
     trace: bool = False
     collectives: str = "auto"
 
@@ -94,7 +95,19 @@ def build_cases(topology_spec: str) -> list[Case]:
             Case(name=f"themis4-float32-{op}", schedule_json=floats.to_json(), dtype="float32", op=op)
         )
     mesh_schedule = random_schedule(topology_spec, 40003 * 8, 7)
-    cases.append(Case(name="mesh-int64", schedule_json=mesh_schedule.to_json(), dtype="int64", use_mesh=True))
+    cases.append(
+        Case(name="mesh-int64", schedule_json=mesh_schedule.to_json(), dtype="int64", mesh="standard")
+    )
+    for collectives in ("ring", "native"):
+        cases.append(
+            Case(
+                name=f"mesh-permuted-{collectives}-int64",
+                schedule_json=mesh_schedule.to_json(),
+                dtype="int64",
+                mesh="permuted",
+                collectives=collectives,
+            )
+        )
     cases.append(Case(name="trace-int64", schedule_json=mesh_schedule.to_json(), dtype="int64", trace=True))
     # The backend's own collectives (what NCCL uses), padded to equal parts; Gloo runs them too.
     cases.append(
@@ -137,23 +150,27 @@ def _check_trace(schedule: Schedule, trace: Any) -> str:
 def run_cases(rank: int, world_size: int, topology_spec: str, cases: list[Case]) -> dict[str, str]:
     """Worker: run every case; '' for a pass, else what went wrong on this rank."""
     import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
     from hipipe.torch import HierarchicalAllReduce, dimension_groups
 
     topology = load_topology(topology_spec)
     groups = dimension_groups(topology.sizes, timeout_s=30)
-    mesh = None
+    meshes: dict[str, Any] = {}
     verdicts: dict[str, str] = {}
     dtypes = {"int64": torch.int64, "float32": torch.float32, "bfloat16": torch.bfloat16}
     for case in cases:
         try:
             schedule = Schedule.from_json(case.schedule_json)
-            if case.use_mesh and mesh is None:
-                mesh = init_device_mesh("cpu", topology.sizes)
+            if case.mesh and case.mesh not in meshes:
+                if case.mesh == "standard":
+                    meshes[case.mesh] = init_device_mesh("cpu", topology.sizes)
+                else:  # mesh coordinates unrelated to rank numbers: ring order must come from the mesh
+                    placement = torch.randperm(world_size, generator=torch.Generator().manual_seed(5))
+                    meshes[case.mesh] = DeviceMesh("cpu", placement.reshape(topology.sizes))
             executor = (
-                HierarchicalAllReduce(mesh, schedule, timeout_s=30)
-                if case.use_mesh
+                HierarchicalAllReduce(meshes[case.mesh], schedule, timeout_s=30, collectives=case.collectives)
+                if case.mesh
                 else HierarchicalAllReduce(
                     None, schedule, groups=groups, timeout_s=30, collectives=case.collectives
                 )
