@@ -43,6 +43,8 @@ class SearchOptions:
     ascending_only: bool = False
     """True: every chunk in ascending order (the ``hipipe-fixed-order`` ablation)."""
     baseline_seeds: bool = True
+    climb: bool = True
+    """Local search over the orders of a few-chunk winner (off in the ablations)."""
     max_rounds: int = 3
     """Re-sequencing rounds per K after the first LP."""
     patience: int = 2

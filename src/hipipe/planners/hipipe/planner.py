@@ -6,6 +6,7 @@ the reported makespan, and the two must agree (else the LP was wrong: we raise).
 """
 
 from collections import defaultdict
+from dataclasses import replace
 from typing import Any
 
 from hipipe.bounds import OrderMix, order_mix
@@ -45,14 +46,7 @@ def _plan(
     if num_chunks is not None:
         if num_chunks < 1:
             raise HipipeError(f"the number of chunks must be >= 1, got {num_chunks}")
-        options = SearchOptions(
-            chunk_counts=(num_chunks,),
-            lp_sizes=options.lp_sizes,
-            ascending_only=options.ascending_only,
-            baseline_seeds=options.baseline_seeds,
-            max_rounds=options.max_rounds,
-            patience=options.patience,
-        )
+        options = replace(options, chunk_counts=(num_chunks,))
     mix = order_mix(topology)
     log = SearchLog()
     best, baselines = search(topology, message_bytes, mix, options=options, log=log)
@@ -139,13 +133,15 @@ def plan_hipipe(topology: Topology, message_bytes: int, *, num_chunks: int | Non
 
 def plan_hipipe_uniform(topology: Topology, message_bytes: int, *, num_chunks: int | None = None) -> Schedule:
     """Ablation: as ``hipipe`` but every chunk the same size (no sizing LP, no seeds)."""
-    options = SearchOptions(lp_sizes=False, baseline_seeds=False)
+    options = SearchOptions(lp_sizes=False, baseline_seeds=False, climb=False)
     return _plan(topology, message_bytes, planner="hipipe-uniform", options=options, num_chunks=num_chunks)
 
 
 def plan_hipipe_k64(topology: Topology, message_bytes: int, *, num_chunks: int | None = None) -> Schedule:
     """Ablation: as ``hipipe`` but K fixed to 64 (no chunk-number search, no seeds)."""
-    options = SearchOptions(chunk_counts=(num_chunks or ABLATION_NUM_CHUNKS,), baseline_seeds=False)
+    options = SearchOptions(
+        chunk_counts=(num_chunks or ABLATION_NUM_CHUNKS,), baseline_seeds=False, climb=False
+    )
     return _plan(topology, message_bytes, planner="hipipe-k64", options=options, num_chunks=None)
 
 
@@ -153,7 +149,7 @@ def plan_hipipe_fixed_order(
     topology: Topology, message_bytes: int, *, num_chunks: int | None = None
 ) -> Schedule:
     """Ablation: as ``hipipe`` but every chunk in ascending order (no order mix, no seeds)."""
-    options = SearchOptions(ascending_only=True, baseline_seeds=False)
+    options = SearchOptions(ascending_only=True, baseline_seeds=False, climb=False)
     return _plan(
         topology, message_bytes, planner="hipipe-fixed-order", options=options, num_chunks=num_chunks
     )

@@ -4,7 +4,8 @@ For each K on a geometric ladder, every order family (:mod:`.families`) is turne
 its best candidate (:mod:`.candidates`: list-scheduled sequences, LP sizes, re-sequencing
 rounds, empty chunks dropped). The ladder stops when K stops improving, when the chunked
 latency floor (:func:`hipipe.bounds.chunked_bound_s`) says no larger K can win, or when
-the plan-time budget is spent; a K = 32 probe then lets the LP pick which chunks to keep.
+the plan-time budget is spent; a K = 32 probe then lets the LP pick which chunks to keep,
+and a few-chunk winner is polished by local search over its orders (:mod:`.local_search`).
 Last, the baselines' own structures are re-sized where they would still win
 (:mod:`.seeds`), so the result is never worse than a baseline.
 """
@@ -22,6 +23,7 @@ from hipipe.planners.hipipe.candidates import (
     time_unit_s,
 )
 from hipipe.planners.hipipe.families import families
+from hipipe.planners.hipipe.local_search import climb_orders
 from hipipe.planners.hipipe.seeds import improve_with_seeds
 from hipipe.topology import Topology
 
@@ -168,6 +170,8 @@ def search(
             )
             if candidate is not None and better(best, candidate):
                 best = candidate
+    if best is not None and options.climb:
+        best = climb_orders(topology, message_bytes, best, options=options, unit_s=unit_s, log=log)
     baselines: dict[str, float] = {}
     if options.baseline_seeds:
         forced = options.chunk_counts[0] if len(options.chunk_counts) == 1 else None
