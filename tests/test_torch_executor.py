@@ -263,3 +263,15 @@ def test_split_is_near_equal_and_exact() -> None:
         lengths = [b - a for a, b in ranges]
         assert max(lengths) - min(lengths) <= 1
         assert sum(lengths) == stop - start == math.fsum(lengths)
+
+
+def test_reduce_ops_by_name_or_torch_enum() -> None:
+    import torch.distributed as dist
+
+    from hipipe.errors import HipipeError
+    from hipipe.torch.collectives import ReduceOp, parse_reduce_op
+
+    assert parse_reduce_op("avg") is ReduceOp.AVG
+    assert parse_reduce_op(dist.ReduceOp.MAX) is ReduceOp.MAX
+    with pytest.raises(HipipeError, match="unknown reduce op"):
+        parse_reduce_op(dist.ReduceOp.PRODUCT)

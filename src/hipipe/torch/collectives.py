@@ -40,6 +40,15 @@ class ReduceOp(StrEnum):
     MAX = "max"
 
 
+def parse_reduce_op(op: object) -> ReduceOp:
+    """``"sum"``, :class:`ReduceOp`, or torch's ``dist.ReduceOp.SUM`` (and AVG, MIN, MAX)."""
+    name = getattr(op, "name", op)  # torch's RedOpType members carry their name
+    try:
+        return ReduceOp(str(name).lower())
+    except ValueError:
+        raise HipipeError(f"unknown reduce op {op!r} (use {', '.join(o.value for o in ReduceOp)})") from None
+
+
 def steps_per_op(group_size: int) -> int:
     """Messages one rank sends in one ring RS or AG: n - 1 steps (tags needed per op)."""
     return max(group_size - 1, 1)

@@ -28,7 +28,7 @@ import torch.distributed as dist
 from hipipe.errors import HipipeError, ScheduleError
 from hipipe.schedule import DimGroup, Phase, Schedule, validate_layout
 from hipipe.simulator import Policy, simulate
-from hipipe.torch.collectives import ReduceOp, check_dtype, split
+from hipipe.torch.collectives import ReduceOp, check_dtype, parse_reduce_op, split
 from hipipe.torch.groups import (
     DEFAULT_TIMEOUT_S,
     Ring,
@@ -217,20 +217,15 @@ class HierarchicalAllReduce:
         self._plans[numel] = [p for p in plans if p is not None]
         return self._plans[numel]
 
-    def run(
-        self, tensor: torch.Tensor, op: ReduceOp | str = ReduceOp.SUM, trace: bool = False
-    ) -> Trace | None:
+    def run(self, tensor: torch.Tensor, op: object = ReduceOp.SUM, trace: bool = False) -> Trace | None:
         """AllReduce ``tensor`` in place across all ranks; return a :class:`Trace` if asked.
+
+        ``op``: ``"sum"``, ``"avg"``, ``"min"``, ``"max"`` or the same ``dist.ReduceOp`` members.
 
         Raises :class:`CollectiveError` (naming the op and the cause) if any op fails or
         the whole run takes longer than ``timeout_s``; never waits longer than that.
         """
-        try:
-            op = ReduceOp(op)
-        except ValueError:
-            raise HipipeError(
-                f"unknown reduce op {op!r} (use {', '.join(o.value for o in ReduceOp)})"
-            ) from None
+        op = parse_reduce_op(op)
         check_dtype(tensor.dtype, op)
         if not tensor.is_contiguous():
             raise HipipeError("the tensor must be contiguous (it is reduced in place)")
