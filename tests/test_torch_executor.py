@@ -87,6 +87,15 @@ def build_cases(topology_spec: str) -> list[Case]:
     for seed in range(3):
         schedule = random_schedule(topology_spec, 40003 * 8, seed)
         cases.append(Case(name=f"random{seed}-int64", schedule_json=schedule.to_json(), dtype="int64"))
+    if topology.num_dims == 3:  # ops over groups of dims mixed with single dims
+        orders = [((0, 1), (2,)), ((2,), (0, 1)), ((1,), (0, 2)), ((0, 1, 2),)]
+        sizes = [0.4, 0.1, 0.3, 0.2]
+        chunks = [
+            Chunk(index=j, size_bytes=40003 * 8 * size, order=order)
+            for j, (size, order) in enumerate(zip(sizes, orders, strict=True))
+        ]
+        grouped = simulate_chunks(topology, 40003 * 8, chunks, planner="grouped")
+        cases.append(Case(name="grouped-dims-int64", schedule_json=grouped.to_json(), dtype="int64"))
     tiny = plan(topology, 5 * 8, "pipelined")  # 5 elements, 64 chunks: most chunks and parts empty
     cases.append(Case(name="tiny-int64", schedule_json=tiny.to_json(), dtype="int64"))
     floats = plan(topology, 10007 * 4, "themis", num_chunks=4)
