@@ -20,6 +20,7 @@ import datetime
 import json
 import math
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -186,6 +187,8 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=None, help="write the markdown report and PNG here")
     args = parser.parse_args()
+    # `kill` must still tear the testbed down (run_bench's finally): make SIGTERM an exception.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     console = Console(highlight=False)
     problem = detect_host().problem()
     if problem is not None:
