@@ -1,6 +1,13 @@
 """Run hipipe schedules for real on torch.distributed (the optional ``torch`` extra).
 
-The core package never imports this module; importing it imports torch.
+The core package never imports this module; importing it imports torch. On every
+rank, after ``init_process_group(..., timeout=...)``::
+
+    schedule = hipipe.plan(topology, tensor.numel() * tensor.element_size(), "hipipe")
+    groups = dimension_groups(topology.sizes, timeout_s=60)   # or pass a DeviceMesh
+    allreduce = HierarchicalAllReduce(None, schedule, groups=groups, timeout_s=60)
+    trace = allreduce.run(tensor, op="sum", trace=True)       # in place
+    measured = trace_to_schedule(schedule, trace)             # draw beside the plan
 
 - :class:`HierarchicalAllReduce` -- in-place AllReduce following a schedule
 - :func:`dimension_groups`, :func:`group_for_dims` -- process groups per dim (dim 0 fastest)
