@@ -49,6 +49,8 @@ class Case:
     """'' for the topology's groups; 'standard' for init_device_mesh; 'permuted' for ranks placed at random."""
     trace: bool = False
     collectives: str = "auto"
+    flat_group: bool = False
+    """Pass the all-dims group made by ``group_for_dims`` in a mapping, as the testbed does."""
 
 
 def random_schedule(topology_spec: str, message_bytes: int, seed: int) -> Schedule:
@@ -96,6 +98,15 @@ def build_cases(topology_spec: str) -> list[Case]:
         ]
         grouped = simulate_chunks(topology, 40003 * 8, chunks, planner="grouped")
         cases.append(Case(name="grouped-dims-int64", schedule_json=grouped.to_json(), dtype="int64"))
+    ring_schedule = plan(topology, 40003 * 8, "ring")
+    cases.append(
+        Case(
+            name="ring-given-group-int64",
+            schedule_json=ring_schedule.to_json(),
+            dtype="int64",
+            flat_group=True,
+        )
+    )
     tiny = plan(topology, 5 * 8, "pipelined")  # 5 elements, 64 chunks: most chunks and parts empty
     cases.append(Case(name="tiny-int64", schedule_json=tiny.to_json(), dtype="int64"))
     floats = plan(topology, 10007 * 4, "themis", num_chunks=4)
@@ -156,12 +167,26 @@ def _check_trace(schedule: Schedule, trace: Any) -> str:
     return ""
 
 
+def _executor(case: Case, schedule: Schedule, groups: list[Any], mesh: Any) -> Any:
+    """The executor a case asks for: on a mesh, on the per-dim groups, or on a mapping with the flat group."""
+    from hipipe.torch import HierarchicalAllReduce, group_for_dims
+
+    if mesh is not None:
+        return HierarchicalAllReduce(mesh, schedule, timeout_s=30, collectives=case.collectives)
+    if case.flat_group:
+        everyone = tuple(range(schedule.topology.num_dims))
+        given = {(k,): g for k, g in enumerate(groups)}
+        given[everyone] = group_for_dims(schedule.topology.sizes, everyone, timeout_s=30)
+        return HierarchicalAllReduce(None, schedule, groups=given, timeout_s=30)
+    return HierarchicalAllReduce(None, schedule, groups=groups, timeout_s=30, collectives=case.collectives)
+
+
 def run_cases(rank: int, world_size: int, topology_spec: str, cases: list[Case]) -> dict[str, str]:
     """Worker: run every case; '' for a pass, else what went wrong on this rank."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-    from hipipe.torch import HierarchicalAllReduce, dimension_groups
+    from hipipe.torch import dimension_groups
 
     topology = load_topology(topology_spec)
     groups = dimension_groups(topology.sizes, timeout_s=30)
@@ -177,13 +202,7 @@ def run_cases(rank: int, world_size: int, topology_spec: str, cases: list[Case])
                 else:  # mesh coordinates unrelated to rank numbers: ring order must come from the mesh
                     placement = torch.randperm(world_size, generator=torch.Generator().manual_seed(5))
                     meshes[case.mesh] = DeviceMesh("cpu", placement.reshape(topology.sizes))
-            executor = (
-                HierarchicalAllReduce(meshes[case.mesh], schedule, timeout_s=30, collectives=case.collectives)
-                if case.mesh
-                else HierarchicalAllReduce(
-                    None, schedule, groups=groups, timeout_s=30, collectives=case.collectives
-                )
-            )
+            executor = _executor(case, schedule, groups, meshes.get(case.mesh))
             dtype = dtypes[case.dtype]
             source = _data(rank, schedule.message_bytes // itemsize(case.dtype), dtype)
             ours = source.clone()

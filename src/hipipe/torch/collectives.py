@@ -49,11 +49,6 @@ def parse_reduce_op(op: object) -> ReduceOp:
         raise HipipeError(f"unknown reduce op {op!r} (use {', '.join(o.value for o in ReduceOp)})") from None
 
 
-def steps_per_op(group_size: int) -> int:
-    """Messages one rank sends in one ring RS or AG: n - 1 steps (tags needed per op)."""
-    return max(group_size - 1, 1)
-
-
 def split(start: int, stop: int, parts: int) -> list[tuple[int, int]]:
     """``[start, stop)`` cut into ``parts`` near-equal element ranges (lengths differ by <= 1)."""
     length = stop - start
