@@ -28,7 +28,8 @@ from hipipe.planners.hipipe.seeds import improve_with_seeds
 from hipipe.topology import Topology
 
 FULL_ROUNDS_MAX_CHUNKS = 16
-"""Above this K, one re-sequencing round only: LPs grow with K and late rounds gain little."""
+"""Above this K, no re-sequencing round: LPs grow with K, and on the reference grid the
+rounds gained nothing there (the budget is better spent on the next K)."""
 
 PROBE_CHUNKS: tuple[int, ...] = (32,)
 """Extra Ks tried after the ladder stops, when pipelining pays at all (see PROBE_MIN_CHUNKS)."""
@@ -63,7 +64,7 @@ def _best_for_chunks(
     """Best candidate over the order families for one K (logged in ``log.tried``); None if
     every LP failed."""
     best_here: Candidate | None = None
-    rounds = options.max_rounds if num_chunks <= FULL_ROUNDS_MAX_CHUNKS else min(1, options.max_rounds)
+    rounds = options.max_rounds if num_chunks <= FULL_ROUNDS_MAX_CHUNKS else 0
     results: dict[str, float] = {}
     for source, orders in families(
         topology, message_bytes, mix, num_chunks, ascending_only=options.ascending_only
