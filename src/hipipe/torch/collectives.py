@@ -14,8 +14,8 @@ starts from that and leaves the whole range on everyone.
 the backend's own collectives, for NCCL (where those are the fast path).
 
 Every message of step ``s`` carries tag ``tag_base + s``; callers running several
-rings at once on one group give them disjoint tag ranges (:data:`MAX_STEPS` apart), as
-Gloo aborts on concurrent point-to-point ops with the same tag. The receive is posted
+rings at once on one group give them disjoint tag ranges (``n - 1`` apart), as Gloo
+aborts on concurrent point-to-point ops with the same tag. The receive is posted
 before the send. Zero-length parts are skipped on both sides (both know the lengths).
 """
 
