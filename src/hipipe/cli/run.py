@@ -140,6 +140,7 @@ def _as_dict(result: Any) -> dict[str, Any]:
         "dtype": result.dtype,
         "planner": result.planner,
         "num_chunks": result.num_chunks,
+        "planned_s": result.planned_s,
         "verified": result.verified,
         "max_abs_error": result.max_abs_error,
         "timings": [
@@ -177,6 +178,10 @@ def _print_table(result: Any, backend: str) -> None:
     console = stdout_console()
     console.print(table)
     verdict = "matches" if result.verified else "DIFFERS from"
+    console.print(
+        f"planned makespan {result.planned_s * 1e3:.3f} ms under the topology's cost model"
+        " (the network modelled, not necessarily this one)"
+    )
     console.print(f"result {verdict} torch.distributed.all_reduce (max abs error {result.max_abs_error:g})")
     console.print(
         "time: mean of the slowest rank per iteration; algbw = size / time; busbw = algbw * 2(N-1)/N"

@@ -80,6 +80,8 @@ class RunResult:
     dtype: str
     planner: str
     num_chunks: int
+    planned_s: float
+    """The schedule's makespan under the cost model of its topology (not of this machine)."""
     verified: bool
     max_abs_error: float
     timings: tuple[Timing, ...]
@@ -202,6 +204,7 @@ def measure(rank: int, world_size: int, config: RunConfig) -> RunResult:
         dtype=config.dtype,
         planner=schedule.planner,
         num_chunks=schedule.num_chunks,
+        planned_s=schedule.makespan_s,
         verified=verified,
         max_abs_error=float(worst.item()),
         timings=tuple(timings),
