@@ -71,6 +71,7 @@ def test_run_nproc_8_verifies_and_reports(capsys: pytest.CaptureFixture[str], tm
     result = json.loads(capsys.readouterr().out)
     assert result["verified"] and result["max_abs_error"] == 0
     assert result["world_size"] == 8 and result["message_bytes"] == SIZE_BYTES
+    assert result["planned_s"] == pytest.approx(schedule.makespan_s)
     names = [t["name"] for t in result["timings"]]
     assert names == ["hipipe", "torch all_reduce"]
     for timing in result["timings"]:
