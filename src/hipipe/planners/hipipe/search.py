@@ -37,6 +37,10 @@ PROBE_CHUNKS: tuple[int, ...] = (32,)
 PROBE_MIN_CHUNKS = 6
 """Probe only when the ladder's best K is at least this (a bandwidth-bound message)."""
 
+FLOOR_SLACK = 0.001
+"""Stop the ladder once the chunked latency floor of the next K is within this of the best
+(relative): no larger K can gain more, and the LPs would cost plan time for nothing."""
+
 MIN_GAIN = 0.002
 """Above FULL_ROUNDS_MAX_CHUNKS, stop the ladder once a K gains less than this (relative)."""
 
@@ -133,12 +137,11 @@ def search(
         if best is not None and log.over_budget:
             log.tried.append({"num_chunks": num_chunks, "pruned": "plan-time budget spent"})
             break
-        if (
-            best is not None
-            and chunked_bound_s(topology, message_bytes, num_chunks, loads=loads) >= best.makespan_s
-        ):
-            log.tried.append({"num_chunks": num_chunks, "pruned": "latency floor >= best"})
-            break  # the floor grows with K: no larger K can win either
+        if best is not None and chunked_bound_s(
+            topology, message_bytes, num_chunks, loads=loads
+        ) >= best.makespan_s * (1 - FLOOR_SLACK):
+            log.tried.append({"num_chunks": num_chunks, "pruned": "latency floor within 0.1% of best"})
+            break  # the floor grows with K: no larger K can gain more than FLOOR_SLACK
         tried.add(num_chunks)
         best_here = _best_for_chunks(
             topology, message_bytes, mix, num_chunks, options=options, unit_s=unit_s, log=log
