@@ -3,7 +3,11 @@
 - :mod:`.structure` -- chunk orders and per-dimension sequences (a schedule without sizes)
 - :mod:`.sequencing` -- list scheduling that derives sequences from sizes
 - :mod:`.sizing` -- the makespan LP over chunk sizes, HiGHS, warm-started
-- :mod:`.search` -- chunk-number ladder, re-sequencing rounds, baseline seeds
+- :mod:`.candidates` -- one structure: list-scheduled sequences, LP sizes, rounds
+- :mod:`.families` -- which chunk orders to try for a given number of chunks
+- :mod:`.search` -- the chunk-number ladder, floors and the plan-time budget
+- :mod:`.local_search` -- order climbing for few-chunk plans
+- :mod:`.seeds` -- the baselines' own structures, re-sized (never worse than them)
 - :mod:`.planner` -- the registry functions; the simulator times the result
 - :mod:`.explain` -- ``Schedule.info`` as readable text
 """

@@ -14,8 +14,9 @@ O(1) or smaller, whatever the message (1 KiB or 64 GiB) and the link speeds.
 
 One :class:`SizingModel` serves one set of chunk orders: chain rows are built once;
 sequence rows are swapped when the sequences change, only where they differ, and
-HiGHS re-solves from the previous optimal basis (a warm start: typically a few dual
-simplex iterations instead of a cold solve).
+HiGHS re-solves from the previous optimal basis (a warm start: on the reference grid
+10-30% fewer simplex iterations than cold solves; the re-sequenced LPs differ in about
+half their sequence rows, so most of the basis has to change anyway).
 """
 
 import itertools
