@@ -89,7 +89,7 @@ EXPECTED = {
 def misuse_messages() -> list[dict[str, str]]:
     topology = load_topology(SPEC_2X2X2)
     schedule = plan(topology, NUMEL * 8, "pipelined", num_chunks=4)
-    other = plan(topology, NUMEL * 8, "pipelined", num_chunks=5)
+    other = plan(topology, NUMEL * 8, "ring")  # needs an all-dims group the others would not create
     outcomes = spawn(misuse, 8, args=(schedule.to_json(), other.to_json()), timeout_s=180, pg_timeout_s=20)
     assert all(o.exitcode is not None for o in outcomes), "every process is reaped"
     failed = [f"rank {o.rank}: {o.error}" for o in outcomes if not o.ok]

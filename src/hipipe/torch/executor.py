@@ -156,17 +156,17 @@ class HierarchicalAllReduce:
             assert groups is not None
             rings = rings_for_layout(sizes, dict(groups) if isinstance(groups, Mapping) else list(groups))
             rank_at = layout_rank(sizes)
-        needed = sorted({tuple(sorted(g)) for c in schedule.chunks for g in c.order})
-        self.rings: dict[DimGroup, Ring] = add_missing_rings(
-            rings, needed, sizes, rank_at, backend=backend, timeout_s=timeout_s
-        )
-        missing = [g for g in needed if g not in self.rings]
-        if missing:
-            raise HipipeError(f"no process group for dims {missing[0]}")
         self.schedule = schedule
         self.timeout_s = timeout_s
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
+        if check_peers:
+            # Before any group is created: ranks with different schedules would create different groups.
+            self._check_same_schedule()
+        needed = sorted({tuple(sorted(g)) for c in schedule.chunks for g in c.order})
+        self.rings: dict[DimGroup, Ring] = add_missing_rings(
+            rings, needed, sizes, rank_at, backend=backend, timeout_s=timeout_s
+        )
         self._runs = 0
         self._plans: dict[int, list[OpPlan]] = {}
         self._streams: dict[str, list[Any]] = {}
@@ -175,8 +175,6 @@ class HierarchicalAllReduce:
             or (collectives == "auto" and dist.get_backend(ring.group) == "nccl")
             for dims, ring in self.rings.items()
         }
-        if check_peers:
-            self._check_same_schedule()
 
     def _check_same_schedule(self) -> None:
         """All ranks must run the same schedule; compare a digest over the world."""
