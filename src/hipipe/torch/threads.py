@@ -162,9 +162,11 @@ class DimThreads:
                     waits = "; ".join(
                         f"dim {k} waits for {w}" for k, w in sorted(progress.waiting_on.items())
                     )
-                    raise CollectiveError(
-                        f"rank {self.rank}: AllReduce timed out after {timeout_s:g} s ({waits or 'in transfer'})"
-                    )
+                    message = f"rank {self.rank}: AllReduce timed out after {timeout_s:g} s ({waits or 'in transfer'})"
+                    # Threads between ops stop at their next wait instead of carrying on.
+                    progress.error = TimeoutError(message)
+                    progress.cond.notify_all()
+                    raise CollectiveError(message)
                 progress.cond.wait(remaining_s + 0.05)
             if progress.error is not None:
                 # Threads still blocked in a transfer are daemons: they end with the process group.
