@@ -168,6 +168,8 @@ class HierarchicalAllReduce:
             rings, needed, sizes, rank_at, backend=backend, timeout_s=timeout_s
         )
         self._runs = 0
+        self._broken = ""
+        """Why an earlier run failed: its threads may still hold transfers, so no run may follow."""
         self._plans: dict[int, list[OpPlan]] = {}
         self._streams: dict[str, list[Any]] = {}
         self._native = {
@@ -223,6 +225,8 @@ class HierarchicalAllReduce:
         Raises :class:`CollectiveError` (naming the op and the cause) if any op fails or
         the whole run takes longer than ``timeout_s``; never waits longer than that.
         """
+        if self._broken:
+            raise CollectiveError(f"this executor failed before and cannot run again ({self._broken})")
         op = parse_reduce_op(op)
         check_dtype(tensor.dtype, op)
         if not tensor.is_contiguous():
@@ -257,7 +261,11 @@ class HierarchicalAllReduce:
             sync_for_trace=trace,
             deadline_s=time.monotonic() + self.timeout_s,
         )
-        state.execute(self.timeout_s)
+        try:
+            state.execute(self.timeout_s)
+        except CollectiveError as exc:
+            self._broken = str(exc)
+            raise
         if streams is not None:
             for stream in streams:
                 torch.cuda.current_stream(flat.device).wait_stream(stream)
