@@ -1,10 +1,14 @@
-"""Local search over chunk orders, for the few-chunk plans of latency-bound messages.
+"""Local search: chunk orders for few-chunk plans, then binding sequence pairs.
 
 With few chunks every order matters, and the families (:mod:`.families`) only propose
 a handful of layouts: on libra-3d at 256 MiB the best of all 6^4 order assignments for
 four chunks is 10% faster than the best family. Trying them all is too slow, so this
 climbs: change one chunk's order, re-sequence, re-size by LP, keep the change if the
 makespan drops; until no single change helps or the budget is spent.
+
+Then :func:`swap_critical_pairs` polishes the sequences: the LP's duals name the dim
+orderings that bind, and swapping one such pair is a one-row change that HiGHS
+re-solves warm (libra-3d 1 GiB, libra-4d 4 GiB: +1.6%).
 """
 
 import itertools
@@ -18,6 +22,9 @@ from hipipe.planners.hipipe.candidates import (
     better,
     candidate_for,
 )
+from hipipe.planners.hipipe.sequencing import longest_path_s
+from hipipe.planners.hipipe.sizing import SizingModel
+from hipipe.planners.hipipe.structure import Structure
 from hipipe.topology import Topology
 
 MAX_CHUNKS = 6
@@ -28,6 +35,15 @@ MAX_ORDERS = 24
 
 NEAR_FLOOR = 0.002
 """A plan within this of the chunked latency floor for its K is not climbed."""
+
+SWAP_TRIALS = 40
+"""Warm LP re-solves the sequence polish may spend."""
+
+SWAP_MAX_OPS = 128
+"""Plans with more ops are not polished: each trial's LP grows, gains there were ~0.01%."""
+
+SWAP_CANDIDATES = 8
+"""Binding pairs tried per round, most binding first."""
 
 BUDGET = 3000
 """LP work (op-LPs, see :data:`.candidates.LP_WORK_BUDGET`) the climb may spend..."""
@@ -86,4 +102,66 @@ def climb_orders(
                 "makespan_s": best.makespan_s,
             }
         )
+    return best
+
+
+def swap_critical_pairs(
+    topology: Topology,
+    message_bytes: int,
+    start: Candidate,
+    *,
+    unit_s: float,
+    log: SearchLog,
+    max_trials: int = SWAP_TRIALS,
+) -> Candidate:
+    """Swap adjacent ops on a dim where the LP says the order binds; keep what helps.
+
+    Each trial changes one or two sequence rows, so HiGHS re-solves from the previous
+    basis in a few pivots: this is where the warm start pays. Swaps that would make the
+    sequences contradict the chains (a cycle) are skipped before any LP.
+    """
+    orders = start.structure.orders
+    if start.lp_makespan_s is None or len(orders) * 2 * topology.num_dims > SWAP_MAX_OPS:
+        return start
+    model = SizingModel(topology, message_bytes, orders, time_unit_s=unit_s)
+    table = model.table
+    best = start
+    sizing = model.solve(best.structure.sequences)
+    log.record(table.num_ops, sizing.iterations)
+    trials = 0
+    tried: set[tuple[tuple[int, ...], ...]] = {best.structure.sequences}
+    improved = True
+    while improved and trials < max_trials:
+        improved = False
+        model.solve(best.structure.sequences)  # back to the best's basis and duals
+        for p, q in model.critical_pairs()[:SWAP_CANDIDATES]:
+            dim = int(table.dim[p])
+            sequence = list(best.structure.sequences[dim])
+            i = sequence.index(p)
+            if i + 1 >= len(sequence) or sequence[i + 1] != q:
+                continue
+            sequence[i], sequence[i + 1] = q, p
+            trial = tuple(tuple(sequence) if k == dim else s for k, s in enumerate(best.structure.sequences))
+            if trial in tried:
+                continue
+            tried.add(trial)
+            try:
+                longest_path_s(table, table.durations_s(best.sizes_bytes), trial)
+            except AssertionError:
+                continue  # the swap contradicts the chains
+            trials += 1
+            sizing = model.solve(trial)
+            log.record(table.num_ops, sizing.iterations)
+            makespan = longest_path_s(table, table.durations_s(sizing.sizes_bytes), trial)
+            candidate = Candidate(
+                structure=Structure(orders=orders, sequences=trial, source=best.structure.source),
+                sizes_bytes=sizing.sizes_bytes,
+                makespan_s=makespan,
+                lp_makespan_s=sizing.makespan_s,
+            )
+            if better(best, candidate):
+                best, improved = candidate, True
+                break
+            if trials >= max_trials:
+                break
     return best

@@ -5,7 +5,8 @@ its best candidate (:mod:`.candidates`: list-scheduled sequences, LP sizes, re-s
 rounds, empty chunks dropped). The ladder stops when K stops improving, when the chunked
 latency floor (:func:`hipipe.bounds.chunked_bound_s`) says no larger K can win, or when
 the plan-time budget is spent; a K = 32 probe then lets the LP pick which chunks to keep,
-and a few-chunk winner is polished by local search over its orders (:mod:`.local_search`).
+a few-chunk winner is polished by local search over its orders, and binding sequence
+pairs are swapped (warm LP re-solves; :mod:`.local_search`).
 Last, the baselines' own structures are re-sized where they would still win
 (:mod:`.seeds`), so the result is never worse than a baseline.
 """
@@ -23,7 +24,7 @@ from hipipe.planners.hipipe.candidates import (
     time_unit_s,
 )
 from hipipe.planners.hipipe.families import families
-from hipipe.planners.hipipe.local_search import climb_orders
+from hipipe.planners.hipipe.local_search import climb_orders, swap_critical_pairs
 from hipipe.planners.hipipe.seeds import improve_with_seeds
 from hipipe.topology import Topology
 
@@ -176,6 +177,17 @@ def search(
                 best = candidate
     if best is not None and options.climb:
         best = climb_orders(topology, message_bytes, best, options=options, unit_s=unit_s, log=log)
+        polished = swap_critical_pairs(topology, message_bytes, best, unit_s=unit_s, log=log)
+        if polished is not best:
+            log.tried.append(
+                {
+                    "num_chunks": best.structure.num_chunks,
+                    "kept_chunks": polished.structure.num_chunks,
+                    "source": "swap",
+                    "makespan_s": polished.makespan_s,
+                }
+            )
+            best = polished
     baselines: dict[str, float] = {}
     if options.baseline_seeds:
         forced = options.chunk_counts[0] if len(options.chunk_counts) == 1 else None

@@ -49,6 +49,9 @@ FALLBACK_OPTIONS: dict[str, Any] = {
 }
 """Second attempt after a failed solve: HiGHS' default tolerances, primal simplex."""
 
+DUAL_EPSILON = 1e-9
+"""Row duals below this are zero (non-binding rows)."""
+
 ZERO_CHUNK_FRACTION = 1e-12
 """A chunk below this fraction of the message is empty: dropped, not paid latency for."""
 
@@ -139,6 +142,16 @@ class SizingModel:
             index.astype(np.int32),
             value,
         )
+
+    def critical_pairs(self) -> list[tuple[int, int]]:
+        """Sequence pairs ``(p, q)`` whose rows bind at the last optimum, most binding first.
+
+        A binding row has a nonzero dual: the makespan would drop if q could start before
+        p ends, so swapping them is the move most likely to help.
+        """
+        duals = np.asarray(self._solver.getSolution().row_dual)[self._num_fixed_rows :]
+        order = np.argsort(-np.abs(duals), kind="stable")
+        return [self._sequence_pairs[i] for i in order if abs(duals[i]) > DUAL_EPSILON]
 
     def solve(self, sequences: tuple[tuple[int, ...], ...]) -> Sizing:
         """Optimal sizes for these sequences (warm-started from the previous solve)."""
