@@ -182,6 +182,18 @@ def test_cli_reports_bad_input_in_one_line(capsys: pytest.CaptureFixture[str]) -
     assert len(lines) == 3 and all(line.startswith("hipipe: error:") for line in lines), err
 
 
+def test_without_root_every_command_says_so_in_one_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert main(["testbed", "up", "2x2", "--rates", "10Mbit"]) == 2
+    assert main(["testbed", "down", "--all"]) == 2
+    assert main(["bench", "--testbed", "2x2", "--rates", "10Mbit", "--output", str(Path.cwd() / "x")]) == 2
+    assert main(["calibrate", "--testbed", "2x2", "--rates", "10Mbit", "-o", "-"]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 4 and all("needs root" in line for line in lines), lines
+
+
 # --- calibration fit -----------------------------------------------------------------
 
 
