@@ -9,7 +9,13 @@ from dataclasses import dataclass
 
 from hipipe.errors import HipipeError
 from hipipe.planners.baselines import plan_hierarchical, plan_pipelined, plan_ring, plan_themis
-from hipipe.planners.hipipe import plan_hipipe, plan_hipipe_fixed_order, plan_hipipe_k64, plan_hipipe_uniform
+from hipipe.planners.hipipe import (
+    explain,
+    plan_hipipe,
+    plan_hipipe_fixed_order,
+    plan_hipipe_k64,
+    plan_hipipe_uniform,
+)
 from hipipe.schedule import Schedule
 from hipipe.topology import Topology
 
@@ -22,6 +28,8 @@ class PlannerSpec:
     function: PlannerFn
     description: str
     baseline: bool
+    explain: Callable[[Schedule], str] | None = None
+    """Renders the planner's own ``Schedule.info``; reports fall back to a generic layout."""
 
 
 PLANNERS: dict[str, PlannerSpec] = {
@@ -49,24 +57,28 @@ PLANNERS: dict[str, PlannerSpec] = {
         PlannerSpec(
             name="hipipe",
             function=plan_hipipe,
+            explain=explain,
             description="HiPIPE: order mix, LP chunk sizes, searched K",
             baseline=False,
         ),
         PlannerSpec(
             name="hipipe-uniform",
             function=plan_hipipe_uniform,
+            explain=explain,
             description="ablation: hipipe with uniform chunk sizes",
             baseline=False,
         ),
         PlannerSpec(
             name="hipipe-k64",
             function=plan_hipipe_k64,
+            explain=explain,
             description="ablation: hipipe with K fixed to 64",
             baseline=False,
         ),
         PlannerSpec(
             name="hipipe-fixed-order",
             function=plan_hipipe_fixed_order,
+            explain=explain,
             description="ablation: hipipe with ascending order only",
             baseline=False,
         ),
@@ -91,6 +103,8 @@ def plan(
     num_chunks: int | None = None,
 ) -> Schedule:
     """Run one planner by name."""
+    if isinstance(message_bytes, bool) or not isinstance(message_bytes, int) or message_bytes <= 0:
+        raise HipipeError(f"message size must be a positive whole number of bytes, got {message_bytes!r}")
     if num_chunks is not None and num_chunks < 1:
         raise HipipeError(f"the number of chunks must be >= 1, got {num_chunks}")
     return get_planner(planner).function(topology, message_bytes, num_chunks=num_chunks)

@@ -25,7 +25,9 @@ def _lines(value: Any, key: str, indent: int) -> list[str]:
     if isinstance(value, Mapping):
         out = [f"{pad}{key}:"] if key else []
         for k, v in value.items():
-            out.extend(_lines(v, str(k), indent + (1 if key else 0)))
+            # children of a ``..._s`` mapping are times too (e.g. ``baselines_makespan_s``)
+            child_key = f"{k}_s" if key.endswith("_s") and not str(k).endswith("_s") else str(k)
+            out.extend(_line_with_name(v, child_key, str(k), indent + (1 if key else 0)))
         return out
     if isinstance(value, Sequence) and not isinstance(value, str):
         if len(value) > 0 and all(isinstance(v, Mapping) for v in value):
@@ -37,8 +39,24 @@ def _lines(value: Any, key: str, indent: int) -> list[str]:
     return [f"{pad}{key}: {_format_value(key, value)}"]
 
 
+def _line_with_name(value: Any, key: str, name: str, indent: int) -> list[str]:
+    """Format by ``key`` (which carries the unit) but print ``name``."""
+    lines = _lines(value, key, indent)
+    if lines and key != name:
+        pad = "  " * indent
+        lines[0] = lines[0].replace(f"{pad}{key}:", f"{pad}{name}:", 1)
+    return lines
+
+
 def explain(schedule: Schedule) -> str:
-    """Header with the bounds, then the planner's own ``info``."""
+    """Header with the bounds and chunks, then the planner's decisions.
+
+    A registered planner with its own renderer explains its ``info`` itself; any other
+    schedule (another planner, a hand-written JSON) gets the generic layout of ``info``.
+    """
+    from hipipe.planners import PLANNERS
+
+    spec = PLANNERS.get(schedule.planner)
     bound_s = lower_bound_s(schedule.topology, schedule.message_bytes)
     header = [
         f"{schedule.planner}: {schedule.num_chunks} chunks, makespan {format_time(schedule.makespan_s)}",
@@ -51,7 +69,9 @@ def explain(schedule: Schedule) -> str:
         header.append(f"  {chunk.index:3d}: {chunk.size_bytes:14.1f} B  dims {order}")
     if len(schedule.chunks) > len(shown):
         header.append(f"  ... {len(schedule.chunks) - len(shown)} more")
-    if schedule.info:
+    if spec is not None and spec.explain is not None:
+        header.append(spec.explain(schedule))
+    elif schedule.info:
         header.append("planner decisions:")
         header.extend(_lines(dict(schedule.info), "", 1))
     return "\n".join(header)
