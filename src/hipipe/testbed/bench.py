@@ -25,7 +25,7 @@ from typing import Any
 
 from hipipe.cost import busbw_bytes_per_s
 from hipipe.planners import plan
-from hipipe.schedule import Schedule
+from hipipe.schedule import Schedule, schedule_to_dict
 from hipipe.testbed import netns
 from hipipe.testbed.calibrate import (
     CONCURRENT_WINDOW_S,
@@ -409,6 +409,11 @@ def result_to_dict(result: BenchResult) -> dict[str, Any]:
         "rows": rows,
         "wall_s": result.wall_s,
         "load_average_before_after": list(result.load_average),
+        # The Gantt's two schedules (planned, measured on rank 0), readable by `hipipe check`/`simulate`.
+        "gantt": [
+            {"title": title, "schedule": schedule_to_dict(schedule)}
+            for title, schedule in result.gantt_panels
+        ],
     }
 
 
