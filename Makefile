@@ -14,7 +14,10 @@ $(VENV)/.core: pyproject.toml
 
 # Full install for the tests: torch is pinned to the CPU wheel *before* the
 # extras so that the `torch` extra is already satisfied and no CUDA build is pulled.
+# As root, the testbed tests also need `ip` and `tc` (iproute2); elsewhere they skip with a reason.
 $(VENV)/.full: $(VENV)/.core
+	@if [ "$$(id -u)" = 0 ] && ! command -v tc >/dev/null && command -v apt-get >/dev/null; then \
+		apt-get update -qq && apt-get install -y -qq iproute2; fi
 	$(PIP) install torch==2.13.0
 	$(PIP) install -e '.[torch,test]'
 	touch $@

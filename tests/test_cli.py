@@ -153,3 +153,18 @@ def test_schedule_json_that_is_not_a_schedule(tmp_path: Path, capsys: pytest.Cap
     path.write_text("{not json")
     code, _, err = run_cli(capsys, "simulate", str(path))
     assert_clean_error(code, err, "not valid JSON")
+
+
+def test_output_files_get_the_usual_permissions(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import os
+
+    umask = os.umask(0o022)
+    try:
+        path = tmp_path / "s.json"
+        code, _, _ = run_cli(
+            capsys, "plan", "tpu-2d", "--size", "1MiB", "--planner", "ring", "--json", str(path)
+        )
+        assert code == 0
+        assert path.stat().st_mode & 0o777 == 0o644
+    finally:
+        os.umask(umask)

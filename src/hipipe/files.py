@@ -5,6 +5,17 @@ import tempfile
 from pathlib import Path
 
 
+def _default_mode() -> int:
+    """Mode a plain ``open(path, "w")`` would give: 0o666 less the process umask.
+
+    mkstemp creates 0o600 files; outputs meant to be shared (reports, plots) should not
+    silently become private. The umask can only be read by setting it, so it is set back.
+    """
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write to a temporary file beside ``path`` and rename it into place."""
     target = Path(path)
@@ -13,6 +24,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
+        os.chmod(tmp_name, _default_mode())
         os.replace(tmp_name, target)
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
