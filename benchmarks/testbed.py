@@ -27,12 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
 from hipipe.files import atomic_write_bytes, atomic_write_text
 from hipipe.report.gantt import render_gantt_png
 from hipipe.testbed.bench import (
-    SUMMARY_COLUMNS,
     THEMIS,
     TORCH_NAME,
     BenchConfig,
@@ -40,7 +38,7 @@ from hipipe.testbed.bench import (
     render_markdown,
     result_to_dict,
     run_bench,
-    summary_rows,
+    summary_tables,
 )
 from hipipe.testbed.layout import parse_rates_bits_per_s, parse_shape
 from hipipe.testbed.shaping import detect_host
@@ -127,13 +125,8 @@ def goals(result: BenchResult, shape: str) -> list[dict[str, Any]]:
     return out
 
 
-def card(console: Console, result: BenchResult, shape: str) -> None:
-    for message_bytes in result.config.messages_bytes:
-        table = Table(title=f"{shape} at {result.config.rates_bits_per_s} bit/s, {message_bytes // MIB} MiB")
-        for column in SUMMARY_COLUMNS:
-            table.add_column(column, justify="left" if column == "planner" else "right")
-        for cells in summary_rows(result, message_bytes):
-            table.add_row(*cells)
+def card(console: Console, result: BenchResult) -> None:
+    for table in summary_tables(result):
         console.print(table)
 
 
@@ -212,7 +205,7 @@ def main() -> int:
         result = run_bench(config, progress=lambda done, total, what: None)
         results.append((shape, result))
         busy[shape] = busy_before
-        card(console, result, shape)
+        card(console, result)
         all_goals += goals(result, shape)
     for goal in all_goals:
         mark = "[green]met[/green]" if goal["met"] else "[red]MISSED[/red]"

@@ -12,25 +12,22 @@ import sys
 from datetime import datetime
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from hipipe.cli.common import check_output_path, stderr_console, stdout_console
 from hipipe.files import atomic_write_text
 from hipipe.planners import PLANNERS
 from hipipe.testbed.bench import (
     DEFAULT_PLANNERS,
-    SUMMARY_COLUMNS,
     BenchConfig,
-    BenchResult,
     describe_calibration,
     describe_rates,
     result_to_dict,
     run_bench,
-    summary_rows,
+    summary_tables,
 )
 from hipipe.testbed.layout import TestbedError, parse_rates_bits_per_s, parse_shape
 from hipipe.testbed.shaping import require_host
-from hipipe.units import format_size, parse_sizes_bytes
+from hipipe.units import parse_sizes_bytes
 
 
 def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
@@ -65,19 +62,6 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
         help="path prefix of the JSON and PNG files (default: hipipe-bench-<shape>-<time>)",
     )
     parser.set_defaults(func=run)
-
-
-def _tables(result: BenchResult) -> list[Table]:
-    tables = []
-    shape = "x".join(str(s) for s in result.config.sizes)
-    for message_bytes in result.config.messages_bytes:
-        table = Table(title=f"{shape}, {format_size(message_bytes)} (median of {result.config.repeats})")
-        for column in SUMMARY_COLUMNS:
-            table.add_column(column, justify="left" if column == "planner" else "right")
-        for cells in summary_rows(result, message_bytes):
-            table.add_row(*cells)
-        tables.append(table)
-    return tables
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:
@@ -126,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"rate check: {describe_rates(result)}")
     if result.calibration is not None:
         console.print(f"calibration: {describe_calibration(result.calibration)}")
-    for table in _tables(result):
+    for table in summary_tables(result):
         console.print(table)
     atomic_write_text(output + ".json", json.dumps(result_to_dict(result), indent=1) + "\n")
     written = [output + ".json"]

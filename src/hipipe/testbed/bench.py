@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rich.table import Table
+
 from hipipe.cost import busbw_bytes_per_s
 from hipipe.planners import plan
 from hipipe.schedule import Schedule, schedule_to_dict
@@ -481,6 +483,20 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
     "reduction vs themis",
     "reduction vs torch",
 )
+
+
+def summary_tables(result: BenchResult) -> list[Table]:
+    """One terminal table per message size (the CLI and the benchmark script print these)."""
+    tables = []
+    shape = "x".join(str(s) for s in result.config.sizes)
+    for message_bytes in result.config.messages_bytes:
+        table = Table(title=f"{shape}, {format_size(message_bytes)} (median of {result.config.repeats})")
+        for column in SUMMARY_COLUMNS:
+            table.add_column(column, justify="left" if column == "planner" else "right")
+        for cells in summary_rows(result, message_bytes):
+            table.add_row(*cells)
+        tables.append(table)
+    return tables
 
 
 def render_markdown(result: BenchResult, *, gantt_png: str | None = None) -> str:

@@ -68,16 +68,7 @@ def _plan(
             f"{schedule.makespan_s:.9g} s: the LP solution is not trustworthy"
         )
     info = _info(topology, message_bytes, schedule, best, mix_orders=mix, baselines=baselines, log=log)
-    return Schedule(
-        topology=schedule.topology,
-        message_bytes=schedule.message_bytes,
-        planner=schedule.planner,
-        chunks=schedule.chunks,
-        ops=schedule.ops,
-        sequences=schedule.sequences,
-        makespan_s=schedule.makespan_s,
-        info=info,
-    )
+    return replace(schedule, info=info)
 
 
 def _info(
