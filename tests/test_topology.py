@@ -32,6 +32,7 @@ def test_latency_steps_per_kind_and_algorithm() -> None:
     assert Dimension.make("fully_connected", 8, 1, 1).latency_steps == 1
     assert Dimension.make("switch", 8, 1, 1, "halving_doubling").latency_steps == 3 * 2
     assert Dimension.make("fully_connected", 8, 1, 1, "halving_doubling").latency_steps == 3
+    assert Dimension.make("ring", 16, 1, 1, "halving_doubling").latency_steps == 4
 
 
 def test_coords_round_trip_with_dim0_fastest() -> None:

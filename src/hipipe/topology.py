@@ -101,16 +101,14 @@ class Dimension:
     def latency_steps(self) -> int:
         """Link latencies paid by one ReduceScatter or AllGather on this dimension.
 
-        ring algorithm: n-1 steps; direct: 1 step; halving-doubling: log2(n) steps,
-        except on a ring where step i travels 2^i hops, n-1 hops in all.
+        Steps (HIPIPE.md section 3) times the links one step crosses: ring algorithm
+        n-1 steps, direct 1 step, halving-doubling log2(n) steps.
         """
         hops = HOPS_PER_STEP[self.kind]
         if self.algorithm is Algorithm.RING:
             return (self.size - 1) * hops
         if self.algorithm is Algorithm.DIRECT:
             return hops
-        if self.kind is Kind.RING:
-            return self.size - 1
         return int(math.log2(self.size)) * hops
 
     def describe(self) -> str:
