@@ -19,7 +19,6 @@ from typing import Any
 import highspy
 import numpy as np
 
-from hipipe.cost import volume_per_byte
 from hipipe.errors import SolverError
 from hipipe.topology import Topology
 
@@ -140,18 +139,16 @@ def chunked_bound_s(
 def latency_aware_bound_s(topology: Topology, message_bytes: float) -> float:
     """A floor for every hierarchical schedule once per-op latency is counted.
 
-    One chunk overlaps nothing: its time is its chain, shortest in fastest-first order
-    (descending bandwidth). Two chunks or more: :func:`chunked_bound_s` with K = 2. The
+    One chunk overlaps nothing: its time is its whole chain, ``2 sum_k a_k steps_k`` plus
+    its order's bandwidth terms, at best in the order whose terms sum smallest (all D!
+    orders are compared). Two chunks or more: :func:`chunked_bound_s` with K = 2. The
     floor is the smaller of the two; it shows when a utilization goal is out of reach of
     the cost model itself.
     """
-    order = sorted(range(topology.num_dims), key=lambda k: (-topology.dims[k].bandwidth_bytes_per_s, k))
-    volumes = volume_per_byte(topology, order)
-    chain_s = sum(
-        2 * d.latency_s * d.latency_steps + volumes[k] * message_bytes / d.bandwidth_bytes_per_s
-        for k, d in enumerate(topology.dims)
-    )
-    return float(min(chain_s, chunked_bound_s(topology, message_bytes, 2)))
+    loads = order_loads(topology)
+    latency_s = sum(2 * d.latency_s * d.latency_steps for d in topology.dims)
+    chain_s = latency_s + float(loads.sum(axis=0).min()) * message_bytes
+    return float(min(chain_s, chunked_bound_s(topology, message_bytes, 2, loads=loads)))
 
 
 def new_highs() -> Any:
