@@ -57,6 +57,7 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
     )
     parser.add_argument("--rate-check-s", type=float, default=1.0, help="rate check per dimension, 0 to skip")
     parser.add_argument(
+        "-o",
         "--output",
         default=None,
         help="path prefix of the JSON and PNG files (default: hipipe-bench-<shape>-<time>)",
