@@ -83,6 +83,12 @@ class SearchLog:
         self.simplex_iterations += iterations
         self.lp_work += num_ops
 
+    def absorb(self, other: "SearchLog") -> None:
+        """Count the LP work of a search step that ran on its own log (own budget)."""
+        self.lp_solves += other.lp_solves
+        self.simplex_iterations += other.simplex_iterations
+        self.lp_work += other.lp_work
+
     @property
     def over_budget(self) -> bool:
         return self.lp_work >= LP_WORK_BUDGET

@@ -6,7 +6,8 @@ rounds, empty chunks dropped). The ladder stops when K stops improving, when the
 latency floor (:func:`hipipe.bounds.chunked_bound_s`) says no larger K can win, or when
 the plan-time budget is spent; a K = 32 probe then lets the LP pick which chunks to keep,
 a few-chunk winner is polished by local search over its orders, and binding sequence
-pairs are swapped (warm LP re-solves; :mod:`.local_search`).
+pairs are swapped (warm LP re-solves; :mod:`.local_search`); unless K is forced, the best
+plan's chunks are then split while that helps (:mod:`.splitting`: the ramp the from-scratch Ks cannot build).
 Last, the baselines' own structures are re-sized where they would still win
 (:mod:`.seeds`), so the result is never worse than a baseline.
 """
@@ -26,6 +27,7 @@ from hipipe.planners.hipipe.candidates import (
 from hipipe.planners.hipipe.families import families
 from hipipe.planners.hipipe.local_search import climb_orders, swap_critical_pairs
 from hipipe.planners.hipipe.seeds import improve_with_seeds
+from hipipe.planners.hipipe.splitting import refine_by_splitting
 from hipipe.topology import Topology
 
 FULL_ROUNDS_MAX_CHUNKS = 16
@@ -188,6 +190,17 @@ def search(
                 }
             )
             best = polished
+    if best is not None and options.climb and len(options.chunk_counts) > 1:
+        best = refine_by_splitting(
+            topology,
+            message_bytes,
+            best,
+            options=options,
+            unit_s=unit_s,
+            log=log,
+            max_ops=MAX_OPS,
+            floor_slack=FLOOR_SLACK,
+        )
     baselines: dict[str, float] = {}
     if options.baseline_seeds:
         forced = options.chunk_counts[0] if len(options.chunk_counts) == 1 else None
