@@ -7,7 +7,8 @@ latency floor (:func:`hipipe.bounds.chunked_bound_s`) says no larger K can win, 
 the plan-time budget is spent; a K = 32 probe then lets the LP pick which chunks to keep,
 a few-chunk winner is polished by local search over its orders, and binding sequence
 pairs are swapped (warm LP re-solves; :mod:`.local_search`); unless K is forced, the best
-plan's chunks are then split while that helps (:mod:`.splitting`: the ramp the from-scratch Ks cannot build).
+plan's chunks are then split while that helps (:mod:`.splitting`: the ramp that Ks built
+from scratch cannot have), and a split plan's binding pairs are swapped again.
 Last, the baselines' own structures are re-sized where they would still win
 (:mod:`.seeds`), so the result is never worse than a baseline.
 """
@@ -120,6 +121,23 @@ def _requested_chunks(log: SearchLog, best: Candidate) -> int:
     return best.structure.num_chunks
 
 
+def _swap_polish(
+    topology: Topology, message_bytes: int, best: Candidate, *, unit_s: float, log: SearchLog
+) -> Candidate:
+    """``best`` after :func:`swap_critical_pairs`, logged when it changed anything."""
+    polished = swap_critical_pairs(topology, message_bytes, best, unit_s=unit_s, log=log)
+    if polished is not best:
+        log.tried.append(
+            {
+                "num_chunks": best.structure.num_chunks,
+                "kept_chunks": polished.structure.num_chunks,
+                "source": "swap",
+                "makespan_s": polished.makespan_s,
+            }
+        )
+    return polished
+
+
 def search(
     topology: Topology,
     message_bytes: int,
@@ -179,19 +197,9 @@ def search(
                 best = candidate
     if best is not None and options.climb:
         best = climb_orders(topology, message_bytes, best, options=options, unit_s=unit_s, log=log)
-        polished = swap_critical_pairs(topology, message_bytes, best, unit_s=unit_s, log=log)
-        if polished is not best:
-            log.tried.append(
-                {
-                    "num_chunks": best.structure.num_chunks,
-                    "kept_chunks": polished.structure.num_chunks,
-                    "source": "swap",
-                    "makespan_s": polished.makespan_s,
-                }
-            )
-            best = polished
+        best = _swap_polish(topology, message_bytes, best, unit_s=unit_s, log=log)
     if best is not None and options.climb and len(options.chunk_counts) > 1:
-        best = refine_by_splitting(
+        refined = refine_by_splitting(
             topology,
             message_bytes,
             best,
@@ -201,6 +209,8 @@ def search(
             max_ops=MAX_OPS,
             floor_slack=FLOOR_SLACK,
         )
+        if refined is not best:  # new sequences: the binding pairs are worth another look
+            best = _swap_polish(topology, message_bytes, refined, unit_s=unit_s, log=log)
     baselines: dict[str, float] = {}
     if options.baseline_seeds:
         forced = options.chunk_counts[0] if len(options.chunk_counts) == 1 else None
