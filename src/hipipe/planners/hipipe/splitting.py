@@ -3,14 +3,14 @@
 The K ladder builds every K from scratch: orders from the families, sequences from the
 list scheduler on *uniform* sizes. On those sequences the sizing LP cannot build the
 small-first, small-last ramp that shrinks fill and drain: past some K it empties chunks
-instead, and the ladder gets worse, not better (astra-like 4-dim network at 64 GiB: 0.965
-of T_mix at K = 16, 0.913 at K = 24), though the chunked floor says ~0.999 is possible.
+instead, and the ladder gets worse, not better (a 4-dim network at 64 GiB, where latency
+is negligible: 0.965 of T_mix at K = 16, 0.913 at K = 24; the chunked floor allows 0.999).
 
 Splitting chunks of the best plan keeps what it got right: each half keeps its chunk's
-order and, on every dim, the two halves run back to back where the chunk ran. With equal
-halves that schedule is the old one plus one latency per new op, so the LP starts at most
-that much worse, and it can now shrink a first half (the ramp) and grow the second;
-halves it empties are dropped. One re-sequencing round on the LP's sizes then lets the
+order and, on every dim, the two halves run back to back where the chunk ran. Giving one
+half the whole chunk is the old schedule with each split op's latency paid twice (at zero
+latency the split can never lose), and the LP can now shrink a first half (the ramp)
+and grow the second; halves it empties are dropped. One re-sequencing round on the LP's sizes then lets the
 list scheduler interleave the halves. Two splits are tried per step: the chunks at the
 ends of some dim's sequence (they fill and drain the pipeline: a geometric ramp for the
 price of a few latencies) and every chunk (more overlap everywhere, when latency is cheap).
