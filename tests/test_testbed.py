@@ -17,7 +17,6 @@ import pytest
 
 from hipipe.cli import main
 from hipipe.cost import op_time_s
-from hipipe.schedule import Schedule
 from hipipe.simulator import simulate_chunks
 from hipipe.testbed import netns
 from hipipe.testbed.bench import THEMIS, TORCH_NAME, BenchConfig, BenchResult, BenchRow, result_to_dict
@@ -25,11 +24,9 @@ from hipipe.testbed.calibrate import (
     Sample,
     calibrated_topology,
     calibration_sizes_bytes,
-    chain_schedule,
     fit_dim,
     fit_line,
     fit_op_overhead_s,
-    fit_overhead_split,
     overhead_schedule,
 )
 from hipipe.testbed.layout import (
@@ -245,41 +242,6 @@ def test_op_overhead_is_recovered_from_a_pipelined_makespan() -> None:
     ).makespan_s
     assert fit_op_overhead_s(fits, schedule, measured) == pytest.approx(0.003, rel=1e-4)
     assert fit_op_overhead_s(fits, schedule, schedule.makespan_s * 0.9) == 0.0
-
-
-def test_overhead_split_is_recovered_from_a_pipelined_and_a_chain_run() -> None:
-    fits = [
-        fit_dim(
-            k,
-            n,
-            [Sample(dim=k, phase="RS", full_bytes=b, time_s=c + b * (n - 1) / n / bw) for b in (1e5, 1e7)],
-        )
-        for k, (n, c, bw) in enumerate([(2, 0.002, 6e6), (4, 0.001, 24e6)])
-    ]
-    pipelined = overhead_schedule(fits, 4 << 20)
-    chain = chain_schedule(fits, 1 << 17)
-    assert chain.num_chunks == 1 and len(chain.ops) == 4
-
-    def measured(schedule: Schedule, blocking_s: float, handoff_s: float) -> float:
-        topology = calibrated_topology(fits, op_overhead_s=blocking_s, handoff_s=handoff_s)
-        return simulate_chunks(
-            topology, schedule.message_bytes, schedule.chunks, policy="fixed", sequences=schedule.sequences
-        ).makespan_s
-
-    blocking, handoff = fit_overhead_split(
-        fits, pipelined, measured(pipelined, 0.001, 0.002), chain, measured(chain, 0.001, 0.002)
-    )
-    assert (blocking, handoff) == (pytest.approx(0.001, rel=1e-4), pytest.approx(0.002, rel=1e-4))
-    # All of it a hand-off: the pipelined run is explained without any blocking part.
-    blocking, handoff = fit_overhead_split(
-        fits, pipelined, measured(pipelined, 0.0, 0.002), chain, measured(chain, 0.0, 0.002)
-    )
-    assert blocking == 0.0 and handoff == pytest.approx(0.002, rel=1e-6)
-    # The chain shows nothing extra: all of the pipelined overhead blocks the dim.
-    blocking, handoff = fit_overhead_split(
-        fits, pipelined, measured(pipelined, 0.003, 0.0), chain, chain.makespan_s
-    )
-    assert handoff == 0.0 and blocking == pytest.approx(0.003, rel=1e-4)
 
 
 def test_calibration_sizes_follow_the_slowest_rate() -> None:

@@ -16,7 +16,6 @@ from hipipe.cli.common import check_output_path, stdout_console
 from hipipe.files import atomic_write_text
 from hipipe.testbed.bench import describe_calibration
 from hipipe.testbed.calibrate import (
-    CHAIN_PLANNER,
     CONCURRENT_WINDOW_S,
     DEFAULT_CALIBRATION_SIZES_BYTES,
     OVERHEAD_PLANNER,
@@ -70,13 +69,7 @@ def _yaml(calibration: Calibration, source: str) -> str:
             f"# dim {fit.dim}: {fit.bandwidth_bytes_per_s * 8 / 1e6:.2f} Mbit/s, {fit.constant_s * 1e3:.3f} ms"
             f" per RS/AG, {fit.num_samples} samples, worst residual {100 * fit.max_relative_residual:.1f}%"
         )
-    if calibration.chain_times_s:
-        header.append(
-            f"# per-op overhead from {OVERHEAD_PLANNER} and {CHAIN_PLANNER} runs:"
-            f" +{calibration.op_overhead_s * 1e3:.3f} ms blocking (in each dimension's latency),"
-            f" +{calibration.handoff_s * 1e3:.3f} ms hand-off (handoff_s)"
-        )
-    elif calibration.overhead_times_s:
+    if calibration.overhead_times_s:
         header.append(
             f"# +{calibration.op_overhead_s * 1e3:.3f} ms per op measured inside {OVERHEAD_PLANNER} runs"
             " (included in each dimension's latency)"
@@ -138,11 +131,7 @@ def _under_torchrun(
         raise TestbedError("--shape is for runs under torchrun (RANK/WORLD_SIZE unset); use --testbed here")
     import torch.distributed as dist
 
-    from hipipe.testbed.calibrate import (
-        measure_chain_in_process,
-        measure_in_process,
-        measure_overhead_in_process,
-    )
+    from hipipe.testbed.calibrate import measure_in_process, measure_overhead_in_process
     from hipipe.torch.groups import dimension_groups
 
     sizes = parse_shape(args.shape)
@@ -172,12 +161,6 @@ def _under_torchrun(
             if overhead_bytes
             else []
         )
-        chain_bytes = 0 if args.no_overhead else min(sizes_bytes) // 4 * 4
-        chain_times = (
-            measure_chain_in_process(sizes, groups, samples, message_bytes=chain_bytes, timeout_s=timeout_s)
-            if chain_bytes
-            else []
-        )
         rank = dist.get_rank()
     finally:
         dist.destroy_process_group()
@@ -189,7 +172,5 @@ def _under_torchrun(
         ],
         "overhead_message_bytes": overhead_bytes,
         "overhead_times_s": overhead_times,
-        "chain_message_bytes": chain_bytes,
-        "chain_times_s": chain_times,
     }
     return calibration_from_event(sizes, event), f"torchrun world {args.shape}"

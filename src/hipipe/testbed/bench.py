@@ -217,7 +217,6 @@ def calibrate_testbed(
         progress(0, total, "calibration")
     timeout_s = calibration_timeout_s(layout, sizes_bytes)
     overhead_bytes = max(sizes_bytes) // 4 * 4 if overhead else 0
-    chain_bytes = min(sizes_bytes) // 4 * 4 if overhead else 0
     events = run_job(
         layout,
         [
@@ -227,7 +226,6 @@ def calibrate_testbed(
                 "repeats": repeats,
                 "concurrent_window_s": concurrent_window_s,
                 "overhead_message_bytes": overhead_bytes,
-                "chain_message_bytes": chain_bytes,
             }
         ],
         workdir=workdir,
@@ -432,12 +430,7 @@ def describe_calibration(calibration: Calibration) -> str:
         f" (worst residual {100 * f.max_relative_residual:.0f}%)"
         for f in calibration.fits
     ]
-    if calibration.chain_times_s:
-        parts.append(
-            f"per-op overhead inside runs: +{calibration.op_overhead_s * 1e3:.2f} ms blocking the dim,"
-            f" +{calibration.handoff_s * 1e3:.2f} ms hand-off to the chunk's next op"
-        )
-    elif calibration.overhead_times_s:
+    if calibration.overhead_times_s:
         parts.append(f"+{calibration.op_overhead_s * 1e3:.2f} ms per op inside pipelined runs")
     return "; ".join(parts)
 

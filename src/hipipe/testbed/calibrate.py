@@ -145,15 +145,13 @@ def fit_dim(dim: int, size: int, samples: Sequence[Sample]) -> DimFit:
 
 
 def calibrated_topology(
-    fits: Sequence[DimFit], *, name: str = "calibrated", op_overhead_s: float = 0.0, handoff_s: float = 0.0
+    fits: Sequence[DimFit], *, name: str = "calibrated", op_overhead_s: float = 0.0
 ) -> Topology:
     """A topology whose cost model reproduces the fitted lines exactly (plus an overhead).
 
     Each dimension is a switch with the ring algorithm, whose ``latency_steps`` is
     2 (n-1): the per-link latency is the op's constant divided by that. The constant
-    is the fitted intercept plus ``op_overhead_s``, the part of the per-op overhead that
-    blocks the dimension; ``handoff_s`` is the part that only delays the chunk's next op
-    (:attr:`hipipe.topology.Dimension.handoff_s`; both from :func:`fit_overhead_split`).
+    is the fitted intercept plus ``op_overhead_s`` (:func:`fit_op_overhead_s`).
     """
     dims = []
     for fit in sorted(fits, key=lambda f: f.dim):
@@ -171,7 +169,6 @@ def calibrated_topology(
                 bandwidth_bytes_per_s=max(MIN_BANDWIDTH_BYTES_PER_S, fit.bandwidth_bytes_per_s),
                 latency_s=(fit.constant_s + op_overhead_s) / template.latency_steps,
                 algorithm=Algorithm.RING,
-                handoff_s=handoff_s,
             )
         )
     return Topology(dims=tuple(dims), name=name)
@@ -189,78 +186,6 @@ def overhead_schedule(fits: Sequence[DimFit], message_bytes: int) -> "Schedule":
     from hipipe.planners import plan
 
     return plan(calibrated_topology(fits), message_bytes, OVERHEAD_PLANNER, num_chunks=OVERHEAD_NUM_CHUNKS)
-
-
-CHAIN_PLANNER = "hierarchical"
-"""The schedule that shows the whole per-op overhead: one chunk, one op at a time, each
-op waiting for the previous one on another group (blocking part + hand-off, nothing
-overlaps)."""
-
-CHAIN_REPEATS = 9
-"""Timed repeats of the chain run (short: a small message through 2D ops)."""
-
-
-def chain_schedule(fits: Sequence[DimFit], message_bytes: int) -> "Schedule":
-    """The single-chunk chain every rank runs to measure the whole per-op overhead."""
-    from hipipe.planners import plan
-
-    return plan(calibrated_topology(fits), message_bytes, CHAIN_PLANNER)
-
-
-def fit_overhead_split(
-    fits: Sequence[DimFit],
-    pipelined: "Schedule",
-    pipelined_s: float,
-    chain: "Schedule",
-    chain_s: float,
-) -> tuple[float, float]:
-    """``(blocking_s, handoff_s)``: the per-op overhead split by two measurements.
-
-    Gloo's extra cost per op inside a real run has two parts. Thread work on the op's
-    own group (posting the sends and receives, reducing, copying, the executor's
-    per-op bookkeeping) *blocks* the dimension: it is op time. Waking the chunk's next
-    op and the rendezvous of that op's group -- its ranks leave their previous ops on
-    other groups at different times -- only *delays the chunk*: a hand-off, during
-    which the dimension can already run another chunk's op.
-
-    - ``chain`` (one chunk, 2D ops in a row, nothing overlaps) shows both parts:
-      its makespan is ``T_chain(b) + (2D - 1) h`` exactly, so ``h(b)`` follows from it
-      for any blocking part ``b``.
-    - ``pipelined`` (many chunks, every dimension kept busy with queued work) mostly
-      shows the blocking part: the hand-offs overlap with other chunks' ops.
-
-    ``b`` is found by bisection so that the simulator replaying ``pipelined`` with
-    ``(b, h(b))`` gives ``pipelined_s``. If the pipelined run is explained with ``b = 0``
-    the whole overhead is a hand-off; if the chain shows less overhead than the
-    pipelined run needs, ``h = 0`` and ``b`` is :func:`fit_op_overhead_s`'s value.
-    """
-    from hipipe.simulator import simulate_chunks
-
-    def makespan(schedule: "Schedule", blocking_s: float, handoff_s: float) -> float:
-        topology = calibrated_topology(fits, op_overhead_s=blocking_s, handoff_s=handoff_s)
-        return simulate_chunks(
-            topology, schedule.message_bytes, schedule.chunks, policy="fixed", sequences=schedule.sequences
-        ).makespan_s
-
-    links = len(chain.ops) - 1
-
-    def handoff(blocking_s: float) -> float:
-        return max(0.0, (chain_s - makespan(chain, blocking_s, 0.0)) / links) if links > 0 else 0.0
-
-    def pipelined_makespan(blocking_s: float) -> float:
-        return makespan(pipelined, blocking_s, handoff(blocking_s))
-
-    if pipelined_makespan(0.0) >= pipelined_s:
-        return 0.0, handoff(0.0)
-    low, high = 0.0, pipelined_s
-    for _ in range(40):
-        middle = (low + high) / 2
-        if pipelined_makespan(middle) < pipelined_s:
-            low = middle
-        else:
-            high = middle
-    blocking = (low + high) / 2
-    return blocking, handoff(blocking)
 
 
 def fit_op_overhead_s(fits: Sequence[DimFit], schedule: "Schedule", measured_s: float) -> float:
@@ -310,33 +235,12 @@ def measure_overhead_in_process(
     Every rank holds the same samples (maxima over ranks), hence the same fits and the
     same schedule; the executor checks that before it moves a byte.
     """
-    schedule = overhead_schedule(fit_all(sizes, samples), message_bytes)
-    return _time_schedule(schedule, groups, message_bytes=message_bytes, repeats=repeats, timeout_s=timeout_s)
-
-
-def measure_chain_in_process(
-    sizes: Sequence[int],
-    groups: Sequence[Any],
-    samples: Sequence[Sample],
-    *,
-    message_bytes: int,
-    repeats: int = CHAIN_REPEATS,
-    timeout_s: float,
-) -> list[float]:
-    """Run :func:`chain_schedule` with the executor; the slowest rank's time per repeat."""
-    schedule = chain_schedule(fit_all(sizes, samples), message_bytes)
-    return _time_schedule(schedule, groups, message_bytes=message_bytes, repeats=repeats, timeout_s=timeout_s)
-
-
-def _time_schedule(
-    schedule: "Schedule", groups: Sequence[Any], *, message_bytes: int, repeats: int, timeout_s: float
-) -> list[float]:
-    """One warm-up, then ``repeats`` timed runs of ``schedule``; the slowest rank's seconds each."""
     import torch
     import torch.distributed as dist
 
     from hipipe.torch.executor import HierarchicalAllReduce
 
+    schedule = overhead_schedule(fit_all(sizes, samples), message_bytes)
     executor = HierarchicalAllReduce(None, schedule, groups=list(groups), timeout_s=timeout_s)
     tensor = torch.zeros(message_bytes // 4, dtype=torch.float32)
     times = []
@@ -353,24 +257,15 @@ def _time_schedule(
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Calibration:
-    """Per-dimension lines plus the per-op overhead measured inside real runs.
-
-    ``op_overhead_s`` blocks the dimension (added to each op's constant); ``handoff_s``
-    delays only the chunk's next op (:func:`fit_overhead_split`).
-    """
+    """Per-dimension lines plus the per-op overhead measured inside a pipelined run."""
 
     fits: tuple[DimFit, ...]
     op_overhead_s: float = 0.0
     overhead_message_bytes: int = 0
     overhead_times_s: tuple[float, ...] = ()
-    handoff_s: float = 0.0
-    chain_message_bytes: int = 0
-    chain_times_s: tuple[float, ...] = ()
 
     def topology(self, name: str = "calibrated") -> Topology:
-        return calibrated_topology(
-            self.fits, name=name, op_overhead_s=self.op_overhead_s, handoff_s=self.handoff_s
-        )
+        return calibrated_topology(self.fits, name=name, op_overhead_s=self.op_overhead_s)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -379,10 +274,6 @@ class Calibration:
             "overhead_schedule": f"{OVERHEAD_PLANNER} K={OVERHEAD_NUM_CHUNKS}",
             "overhead_message_bytes": self.overhead_message_bytes,
             "overhead_times_s": list(self.overhead_times_s),
-            "handoff_s": self.handoff_s,
-            "chain_schedule": CHAIN_PLANNER,
-            "chain_message_bytes": self.chain_message_bytes,
-            "chain_times_s": list(self.chain_times_s),
         }
 
 
@@ -394,31 +285,12 @@ def calibration_from_event(sizes: Sequence[int], event: dict[str, Any]) -> Calib
     if not times or not message_bytes:
         return Calibration(fits=tuple(fits))
     schedule = overhead_schedule(fits, message_bytes)
-    chain_times = [float(t) for t in event.get("chain_times_s", [])]
-    chain_bytes = int(event.get("chain_message_bytes", 0))
-    if not chain_times or not chain_bytes:
-        overhead = fit_op_overhead_s(fits, schedule, statistics.median(times))
-        return Calibration(
-            fits=tuple(fits),
-            op_overhead_s=overhead,
-            overhead_message_bytes=message_bytes,
-            overhead_times_s=tuple(times),
-        )
-    blocking, handoff = fit_overhead_split(
-        fits,
-        schedule,
-        statistics.median(times),
-        chain_schedule(fits, chain_bytes),
-        statistics.median(chain_times),
-    )
+    overhead = fit_op_overhead_s(fits, schedule, statistics.median(times))
     return Calibration(
         fits=tuple(fits),
-        op_overhead_s=blocking,
+        op_overhead_s=overhead,
         overhead_message_bytes=message_bytes,
         overhead_times_s=tuple(times),
-        handoff_s=handoff,
-        chain_message_bytes=chain_bytes,
-        chain_times_s=tuple(chain_times),
     )
 
 

@@ -63,11 +63,7 @@ def _run_task(task: dict[str, Any], job: dict[str, Any], rank: int, world: int, 
 
     kind = task["kind"]
     if kind == "calibrate":
-        from hipipe.testbed.calibrate import (
-            measure_chain_in_process,
-            measure_in_process,
-            measure_overhead_in_process,
-        )
+        from hipipe.testbed.calibrate import measure_in_process, measure_overhead_in_process
 
         samples = measure_in_process(
             job["sizes"],
@@ -87,23 +83,12 @@ def _run_task(task: dict[str, Any], job: dict[str, Any], rank: int, world: int, 
                 repeats=task["repeats"],
                 timeout_s=job["timeout_s"],
             )
-        chain_times_s: list[float] = []
-        if task.get("chain_message_bytes"):
-            chain_times_s = measure_chain_in_process(
-                job["sizes"],
-                groups,
-                samples,
-                message_bytes=int(task["chain_message_bytes"]),
-                timeout_s=job["timeout_s"],
-            )
         if rank == 0:
             emit(
                 {
                     "event": "calibration",
                     "overhead_message_bytes": task.get("overhead_message_bytes", 0),
                     "overhead_times_s": overhead_times_s,
-                    "chain_message_bytes": task.get("chain_message_bytes", 0),
-                    "chain_times_s": chain_times_s,
                     "samples": [
                         {"dim": s.dim, "phase": s.phase, "full_bytes": s.full_bytes, "time_s": s.time_s}
                         for s in samples
