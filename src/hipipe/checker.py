@@ -9,9 +9,8 @@ Two layers:
   chunk's order visiting every dim exactly once; each op's phase, dims and bytes
   matching its chunk's chain (RS over ``order[0]``, ``order[1]``, ..., AG in reverse);
   per-dim sequences listing exactly the ops on that dim, in start-time order; no dim
-  running two ops at once; chain precedence; sane times; the makespan; and, against the
-  cost model, durations no shorter than it and chain successors starting no earlier
-  than their predecessor's end plus its hand-off delay (:func:`hipipe.cost.handoff_s`). For hierarchical chains these prove the AllReduce:
+  running two ops at once; chain precedence; sane times; the makespan; and durations
+  no shorter than the cost model. For hierarchical chains these prove the AllReduce:
   an RS over every dim, each exactly once, leaves every rank with the full sum of one
   1/N of the chunk, and the mirrored AGs spread it back.
 - **Symbolic execution**, for N <= ``symbolic_max_npus``. It does not trust that
@@ -33,7 +32,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
-from hipipe.cost import handoff_s, op_time_s
+from hipipe.cost import op_time_s
 from hipipe.errors import ScheduleError
 from hipipe.schedule import Chunk, DimGroup, Op, Phase, Schedule, validate_layout
 from hipipe.topology import Topology
@@ -193,7 +192,7 @@ def _check_structure(
     _check_times(schedule, problems, tol_s, rel_tol)
     _check_sequences(schedule, problems, tol_s)
     _check_dims_busy_once(schedule, problems, tol_s)
-    _check_precedence(schedule, problems, tol_s, with_handoffs=check_durations)
+    _check_precedence(schedule, problems, tol_s)
     if check_durations:
         _check_durations(schedule, problems, tol_s, rel_tol)
 
@@ -335,10 +334,7 @@ def _check_dims_busy_once(schedule: Schedule, problems: _Problems, tol_s: float)
                 busiest = op
 
 
-def _check_precedence(schedule: Schedule, problems: _Problems, tol_s: float, *, with_handoffs: bool) -> None:
-    """Each op of a chunk starts after its predecessor ends (the data dependency) and, with
-    ``with_handoffs`` (the cost-model checks), no earlier than that end plus the
-    predecessor's hand-off delay."""
+def _check_precedence(schedule: Schedule, problems: _Problems, tol_s: float) -> None:
     for chunk in schedule.chunks:
         ops = schedule.chunk_ops(chunk.index)
         for before, op in itertools.pairwise(ops):
@@ -346,13 +342,6 @@ def _check_precedence(schedule: Schedule, problems: _Problems, tol_s: float, *, 
                 problems.add(
                     f"{_describe(op)} starts at {_t(op.start_s)} before its input exists"
                     f" (op {before.index} ends at {_t(before.end_s)})"
-                )
-                continue
-            delay_s = handoff_s(schedule.topology, before.dims) if with_handoffs else 0.0
-            if delay_s > 0 and op.start_s < before.end_s + delay_s - tol_s:
-                problems.add(
-                    f"{_describe(op)} starts at {_t(op.start_s)}, before the hand-off delay"
-                    f" {_t(delay_s)} after op {before.index} ends at {_t(before.end_s)}"
                 )
 
 

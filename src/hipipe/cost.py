@@ -8,10 +8,6 @@ is the per-NPU buffer on the wide side of the op: the RS input, the AG output.
 - a group G (flat ring over n = prod n_k NPUs): n-1 steps, each bottlenecked by the
   slowest dimension it crosses: ``t = (n-1) * max_k (hops_k * a_k + S/n / B_k)``.
   For a single ring-algorithm dimension both formulas agree.
-- hand-off (optional, :attr:`hipipe.topology.Dimension.handoff_s`, h_k): an op on G that
-  ends at e lets its chunk's next op start at ``e + max_{k in G} h_k`` at the earliest;
-  the wait does not occupy G (another chunk's op may run there meanwhile). It is not part
-  of :func:`op_time_s`; :func:`handoff_s` gives it.
 """
 
 import math
@@ -52,15 +48,6 @@ def op_time_coefficients(topology: Topology, dims: Sequence[int]) -> tuple[float
     slowest_latency = max(HOPS_PER_STEP[topology.dims[k].kind] * topology.dims[k].latency_s for k in dims)
     slowest_bandwidth = min(topology.dims[k].bandwidth_bytes_per_s for k in dims)
     return (n - 1) * slowest_latency, (n - 1) / n / slowest_bandwidth
-
-
-def handoff_s(topology: Topology, dims: Sequence[int]) -> float:
-    """Delay between the end of an op over ``dims`` and the start of its chunk's next op.
-
-    ``max_{k in dims} h_k``: the next op's group meets only once every member has left
-    the slowest of the op's dims. 0 for the pure alpha-beta model.
-    """
-    return max(topology.dims[k].handoff_s for k in dims)
 
 
 def lower_bound_s(topology: Topology, message_bytes: float) -> float:

@@ -1,9 +1,7 @@
 """A discrete-event simulator of schedules under the alpha-beta cost model.
 
 Each dimension runs one op at a time; ops on different dimensions run concurrently;
-an op starts only once the previous op of its chunk has ended, plus that op's hand-off
-delay (:func:`hipipe.cost.handoff_s`, 0 by default), which occupies no dimension.
-What a free dimension
+an op starts only once the previous op of its chunk has ended. What a free dimension
 runs next is decided by a queue policy:
 
 - ``fifo``:  the op that became ready first (ties: lower chunk, then earlier step);
@@ -21,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from hipipe.cost import handoff_s, op_time_s
+from hipipe.cost import op_time_s
 from hipipe.errors import ScheduleError
 from hipipe.schedule import Chunk, DimGroup, Op, Phase, Schedule, chain
 from hipipe.topology import Topology
@@ -43,8 +41,6 @@ class _UntimedOp:
     input_bytes: float
     output_bytes: float
     duration_s: float
-    handoff_s: float
-    """Delay from this op's end to the earliest start of its chunk's next op."""
 
 
 def _untimed_ops(topology: Topology, chunks: Sequence[Chunk]) -> list[_UntimedOp]:
@@ -61,7 +57,6 @@ def _untimed_ops(topology: Topology, chunks: Sequence[Chunk]) -> list[_UntimedOp
                     input_bytes=input_bytes,
                     output_bytes=output_bytes,
                     duration_s=op_time_s(topology, dims, max(input_bytes, output_bytes)),
-                    handoff_s=handoff_s(topology, dims),
                 )
             )
     return ops
@@ -153,8 +148,7 @@ def _run_queued(run: _Run, policy: Policy) -> None:
     queues: list[list[tuple]] = [[] for _ in range(run.num_dims)]
     busy_until = [0.0] * run.num_dims
     busy = [False] * run.num_dims
-    # (time, seq, op index) of op ends; ``-1 - index`` marks an op becoming ready after a hand-off.
-    events: list[tuple[float, int, int]] = []
+    events: list[tuple[float, int, int]] = []  # (time, seq, op index) of op ends
     seq = 0
 
     def enqueue(index: int, ready_s: float) -> None:
@@ -195,17 +189,10 @@ def _run_queued(run: _Run, policy: Policy) -> None:
         now = events[0][0]
         while events and events[0][0] == now:
             _, _, index = heapq.heappop(events)
-            if index < 0:
-                enqueue(-1 - index, now)
-                continue
             for d in ops[index].dims:
                 busy[d] = False
             if ops[index].step < last_step[ops[index].chunk]:
-                if ops[index].handoff_s > 0:
-                    heapq.heappush(events, (now + ops[index].handoff_s, seq, -2 - index))
-                    seq += 1
-                else:
-                    enqueue(index + 1, now)
+                enqueue(index + 1, now)
     if not all(started):
         raise AssertionError("simulator finished with ops that never ran")
 
@@ -227,15 +214,15 @@ def _run_fixed(run: _Run, sequences: list[list[int]]) -> None:
     for k in range(run.num_dims):
         if sorted(sequences[k]) != expected[k]:
             raise ScheduleError(f"dimension {k}'s sequence does not list exactly the ops on dimension {k}")
-    successors: list[list[tuple[int, float]]] = [[] for _ in ops]  # (op, delay after the end)
+    successors: list[list[int]] = [[] for _ in ops]
     waiting_on = [0] * len(ops)
     for u in ops:
         if u.step > 0:
-            successors[u.index - 1].append((u.index, ops[u.index - 1].handoff_s))
+            successors[u.index - 1].append(u.index)
             waiting_on[u.index] += 1
     for seq in sequences:
         for before, after in itertools.pairwise(seq):
-            successors[before].append((after, 0.0))
+            successors[before].append(after)
             waiting_on[after] += 1
     ready_s = [0.0] * len(ops)
     ready = deque(i for i in range(len(ops)) if waiting_on[i] == 0)
@@ -245,8 +232,8 @@ def _run_fixed(run: _Run, sequences: list[list[int]]) -> None:
         run.start_s[index] = ready_s[index]
         run.end_s[index] = ready_s[index] + ops[index].duration_s
         timed += 1
-        for after, delay_s in successors[index]:
-            ready_s[after] = max(ready_s[after], run.end_s[index] + delay_s)
+        for after in successors[index]:
+            ready_s[after] = max(ready_s[after], run.end_s[index])
             waiting_on[after] -= 1
             if waiting_on[after] == 0:
                 ready.append(after)

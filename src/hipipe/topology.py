@@ -55,19 +55,6 @@ class Dimension:
     latency_s: float
     """Latency of one link (a_k); a step crosses :data:`HOPS_PER_STEP` links."""
     algorithm: Algorithm = field(default=Algorithm.RING)
-    handoff_s: float = 0.0
-    """Hand-off delay: after an op on this dimension ends, the chunk's next op may start
-    only this much later, while this dimension is already free for another chunk's op.
-
-    Physics (Gloo on CPU, measured on the emulated testbed): part of an op's fixed cost is
-    thread work on the dimension's own group (posting sends and receives, reducing,
-    copying) -- that *blocks* the dimension and belongs in the op's constant
-    (``latency_s``). The rest is the *hand-off* to the chunk's next op on another group:
-    its ranks end their previous ops at different times and wake different threads, so
-    the next op's group meets (rendezvous) only after the slowest member arrives. That
-    wait delays the chunk, not the dimension: the dimension can start another chunk's op
-    at once. 0 (the default) is the pure alpha-beta model of HIPIPE.md section 3.
-    """
 
     def __post_init__(self) -> None:
         try:
@@ -88,8 +75,6 @@ class Dimension:
             raise TopologyError(f"bandwidth must be positive, got {self.bandwidth_bytes_per_s!r}")
         if not (math.isfinite(self.latency_s) and self.latency_s >= 0):
             raise TopologyError(f"latency must be >= 0, got {self.latency_s!r}")
-        if isinstance(self.handoff_s, bool) or not (math.isfinite(self.handoff_s) and self.handoff_s >= 0):
-            raise TopologyError(f"hand-off delay must be >= 0, got {self.handoff_s!r}")
         if self.algorithm is Algorithm.HALVING_DOUBLING and not _is_power_of_two(self.size):
             raise TopologyError(f"halving_doubling needs a power-of-two dimension size, got {self.size}")
 
@@ -127,14 +112,11 @@ class Dimension:
         return int(math.log2(self.size)) * hops
 
     def describe(self) -> str:
-        """``switch 8 @ 400 GB/s / 936 ns (ring)``, plus ``, hand-off 1.2 ms`` when nonzero."""
-        text = (
+        """``switch 8 @ 400 GB/s / 936 ns (ring)``."""
+        return (
             f"{self.kind.value} {self.size} @ {self.bandwidth_bytes_per_s / 1e9:g} GB/s"
             f" / {self.latency_s * 1e9:g} ns ({self.algorithm.value})"
         )
-        if self.handoff_s > 0:
-            text += f", hand-off {self.handoff_s * 1e3:g} ms"
-        return text
 
 
 def _parse_kind(kind: Kind | str) -> Kind:

@@ -156,8 +156,7 @@ def topology_from_dict(data: Any) -> Topology:
 
     Each dimension gives its bandwidth as ``bandwidth`` (a string with a unit),
     ``bandwidth_gbps`` or ``bandwidth_bytes_per_s``, and its latency as ``latency``,
-    ``latency_ns`` or ``latency_s``; optionally a hand-off delay (:attr:`Dimension.handoff_s`)
-    as ``handoff_s`` or ``handoff`` (a string with a unit), absent meaning 0.
+    ``latency_ns`` or ``latency_s``.
     """
     if not isinstance(data, dict) or not isinstance(data.get("dims"), list):
         raise TopologyError("a topology needs a 'dims' list")
@@ -194,28 +193,17 @@ def _dimension_from_dict(entry: dict[str, Any]) -> Dimension:
     else:
         raise TopologyError("missing 'latency' (e.g. latency: 500ns)")
     algorithm = _parse_algorithm(entry["algorithm"]) if "algorithm" in entry else DEFAULT_ALGORITHM[kind]
-    if "handoff_s" in entry:
-        handoff = _as_float(entry["handoff_s"], "handoff_s")
-    elif "handoff" in entry:
-        handoff = parse_time_s(str(entry["handoff"]))
-    else:
-        handoff = 0.0
     return Dimension(
         kind=kind,
         size=_as_int(entry["size"], "size"),
         bandwidth_bytes_per_s=bandwidth,
         latency_s=latency,
         algorithm=algorithm,
-        handoff_s=handoff,
     )
 
 
 def topology_to_dict(topology: Topology) -> dict[str, Any]:
-    """Exact round-trip form (base SI units), used inside schedule JSON and written YAML.
-
-    ``handoff_s`` is written only when nonzero, so topologies without hand-off delays
-    (and the schedule JSON that embeds them) are byte-identical to the older format.
-    """
+    """Exact round-trip form (base SI units), used inside schedule JSON and written YAML."""
     return {
         "name": topology.name,
         "dims": [
@@ -225,7 +213,6 @@ def topology_to_dict(topology: Topology) -> dict[str, Any]:
                 "bandwidth_bytes_per_s": d.bandwidth_bytes_per_s,
                 "latency_s": d.latency_s,
                 "algorithm": d.algorithm.value,
-                **({"handoff_s": d.handoff_s} if d.handoff_s > 0 else {}),
             }
             for d in topology.dims
         ],

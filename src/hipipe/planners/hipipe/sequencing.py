@@ -40,7 +40,6 @@ def list_schedule(table: OpTable, durations_s: np.ndarray, rule: Rule) -> tuple[
     num_chunks = table.num_ops // chain_length if chain_length else 0
     dims = table.dim.tolist()
     durations = durations_s.tolist()
-    handoffs = table.handoff_s.tolist()
     tails: list[float] = []
     if rule is Rule.TAIL:
         # Remaining chain work from each op on (inclusive), per chunk.
@@ -64,7 +63,7 @@ def list_schedule(table: OpTable, durations_s: np.ndarray, rule: Rule) -> tuple[
     for j in range(num_chunks):
         enqueue(j * chain_length, 0.0)
     busy = [False] * table.num_dims
-    events: list[tuple[float, int]] = []  # op ends; ``-1 - op``: op ready after a hand-off
+    events: list[tuple[float, int]] = []
     now = 0.0
     while True:
         for k in range(table.num_dims):
@@ -78,24 +77,16 @@ def list_schedule(table: OpTable, durations_s: np.ndarray, rule: Rule) -> tuple[
         now = events[0][0]
         while events and events[0][0] == now:
             _, op = heapq.heappop(events)
-            if op < 0:
-                enqueue(-1 - op, now)
-                continue
             busy[dims[op]] = False
             if (op + 1) % chain_length:
-                if handoffs[op] > 0:
-                    heapq.heappush(events, (now + handoffs[op], -2 - op))
-                else:
-                    enqueue(op + 1, now)
+                enqueue(op + 1, now)
     return tuple(tuple(s) for s in sequences)
 
 
 def longest_path_s(table: OpTable, durations_s: np.ndarray, sequences: tuple[tuple[int, ...], ...]) -> float:
-    """Makespan of fixed sequences: every op starts when its dim predecessor ends and its
-    chain predecessor ends plus that op's hand-off delay."""
+    """Makespan of fixed sequences: every op starts when its chain and dim predecessors end."""
     chain_length = table.chain_length
     durations = durations_s.tolist()
-    handoffs = table.handoff_s.tolist()
     end = [0.0] * table.num_ops
     done = [False] * table.num_ops
     position = [0] * len(sequences)
@@ -109,7 +100,7 @@ def longest_path_s(table: OpTable, durations_s: np.ndarray, sequences: tuple[tup
                 step = op % chain_length
                 if step and not done[op - 1]:
                     break
-                start = max(free[k], end[op - 1] + handoffs[op - 1] if step else 0.0)
+                start = max(free[k], end[op - 1] if step else 0.0)
                 end[op] = free[k] = start + durations[op]
                 done[op] = True
                 position[k] += 1

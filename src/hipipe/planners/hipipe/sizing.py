@@ -4,15 +4,11 @@ With orders and per-dimension sequences fixed, the makespan is an LP in the chun
 sizes ``s_j`` and the op start times ``t_o``::
 
     min T
-    t_q - t_p - b_p s_j(p) >= a_p + h_p   for p -> q consecutive in a chain
-    t_q - t_p - b_p s_j(p) >= a_p         for p -> q consecutive on a dim
-    T   - t_p - b_p s_j(p) >= a_p         for p the last op of a chunk
+    t_q - t_p - b_p s_j(p) >= a_p     for p -> q consecutive in a chain or on a dim
+    T   - t_p - b_p s_j(p) >= a_p     for p the last op of a chunk
     sum_j s_j = M,  s, t >= 0
 
-(op p lasts ``a_p + b_p s_j(p)``, :func:`hipipe.cost.op_time_coefficients`; ``h_p`` is
-its hand-off delay, :func:`hipipe.cost.handoff_s`, which delays only the chunk's next op,
-as in the simulator). A pair consecutive both in a chain and on a dim keeps the chain
-row, the stronger of the two. Sizes are
+(op p lasts ``a_p + b_p s_j(p)``, :func:`hipipe.cost.op_time_coefficients`). Sizes are
 fractions of M and times are in units of a rough makespan, so every coefficient is
 O(1) or smaller, whatever the message (1 KiB or 64 GiB) and the link speeds.
 
@@ -93,7 +89,6 @@ class SizingModel:
         table = self.table
         # Scaled coefficients: duration / unit = alpha + beta * (s / M).
         self._alpha = table.constant_s / time_unit_s
-        self._handoff = table.handoff_s / time_unit_s
         self._beta = table.per_chunk_byte_s * self.message_bytes / time_unit_s
         self._solver = new_highs()
         self._options = dict(options or {})
@@ -114,7 +109,7 @@ class SizingModel:
         ops = np.arange(table.num_ops)
         not_last = ops[(ops + 1) % chain_length != 0]
         last = ops[(ops + 1) % chain_length == 0]
-        self._add_precedences(not_last, not_last + 1, chain=True)
+        self._add_precedences(not_last, not_last + 1)
         self._add_precedences(last, np.full(len(last), -1))
         sum_row_index = np.arange(self.num_chunks, dtype=np.int32)
         self._solver.addRows(
@@ -129,8 +124,8 @@ class SizingModel:
         self._num_fixed_rows = len(not_last) + len(last) + 1
         self._sequence_pairs: list[tuple[int, int]] = []
 
-    def _add_precedences(self, before: np.ndarray, after: np.ndarray, *, chain: bool = False) -> None:
-        """Rows ``t_after - t_before - beta s_chunk >= alpha (+ handoff if chain)``; ``after == -1`` means T."""
+    def _add_precedences(self, before: np.ndarray, after: np.ndarray) -> None:
+        """Rows ``t_after - t_before - beta s_chunk >= alpha``; ``after == -1`` means T."""
         count = len(before)
         if not count:
             return
@@ -140,7 +135,7 @@ class SizingModel:
         starts = np.arange(0, 3 * count, 3, dtype=np.int32)
         self._solver.addRows(
             count,
-            self._alpha[before] + self._handoff[before] if chain else self._alpha[before],
+            self._alpha[before],
             np.full(count, np.inf),
             3 * count,
             starts,

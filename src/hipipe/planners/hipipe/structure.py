@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hipipe.cost import handoff_s, op_time_coefficients
+from hipipe.cost import op_time_coefficients
 from hipipe.schedule import Chunk
 from hipipe.topology import Topology
 
@@ -45,8 +45,6 @@ class OpTable:
     constant_s: np.ndarray
     per_chunk_byte_s: np.ndarray
     """Seconds per byte of the op's *chunk* (the op's own wide side is chunk size / prod n before)."""
-    handoff_s: np.ndarray
-    """Delay from the op's end to its chunk's next op's earliest start (:func:`hipipe.cost.handoff_s`)."""
 
     @property
     def num_ops(self) -> int:
@@ -74,14 +72,12 @@ def op_table(topology: Topology, orders: tuple[Order, ...]) -> OpTable:
     dim = np.array(dims, dtype=np.int64)
     constant = np.array([c for c, _ in coefficients])[dim] if dims else np.zeros(0)
     per_byte = np.array([b for _, b in coefficients])[dim] * np.array(shrink) if dims else np.zeros(0)
-    handoff = np.array([handoff_s(topology, (k,)) for k in range(num_dims)])[dim] if dims else np.zeros(0)
     return OpTable(
         num_dims=num_dims,
         dim=dim,
         chunk=np.repeat(np.arange(len(orders)), 2 * num_dims),
         constant_s=constant,
         per_chunk_byte_s=per_byte,
-        handoff_s=handoff,
     )
 
 
