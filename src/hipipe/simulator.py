@@ -146,7 +146,6 @@ def _run_queued(run: _Run, policy: Policy) -> None:
     first_op = [u.index for u in ops if u.step == 0]
     last_step = {u.chunk: u.step for u in ops}
     queues: list[list[tuple]] = [[] for _ in range(run.num_dims)]
-    busy_until = [0.0] * run.num_dims
     busy = [False] * run.num_dims
     events: list[tuple[float, int, int]] = []  # (time, seq, op index) of op ends
     seq = 0
@@ -180,7 +179,6 @@ def _run_queued(run: _Run, policy: Policy) -> None:
             run.end_s[index] = now + ops[index].duration_s
             for d in dims:
                 busy[d] = True
-                busy_until[d] = run.end_s[index]
                 run.sequences[d].append(index)
             heapq.heappush(events, (run.end_s[index], seq, index))
             seq += 1

@@ -127,8 +127,3 @@ def format_time(time_s: float) -> str:
     if time_s >= 1e-6:
         return f"{time_s * 1e6:.2f} us"
     return f"{time_s * 1e9:.1f} ns"
-
-
-def format_bandwidth(bandwidth_bytes_per_s: float) -> str:
-    """Bytes/s as GB/s (1 GB = 1e9 B)."""
-    return f"{bandwidth_bytes_per_s / 1e9:g} GB/s"

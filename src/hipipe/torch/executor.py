@@ -81,10 +81,8 @@ def element_bounds(schedule: Schedule, numel: int) -> list[int]:
     """
     total_bytes = sum(c.size_bytes for c in schedule.chunks)
     bounds = [0]
-    cumulative_bytes = 0.0
-    for chunk in schedule.chunks[:-1]:
-        cumulative_bytes += chunk.size_bytes
-        at = round(cumulative_bytes * numel / total_bytes) if total_bytes > 0 else 0
+    for offset_bytes in schedule.chunk_offsets_bytes()[1:]:
+        at = round(offset_bytes * numel / total_bytes) if total_bytes > 0 else 0
         bounds.append(min(numel, max(bounds[-1], at)))
     bounds.append(numel)
     return bounds
