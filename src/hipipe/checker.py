@@ -161,8 +161,8 @@ def _check_indices(schedule: Schedule) -> None:
         if chunk.index != j:
             raise ScheduleError(f"chunk at position {j} says it is chunk {chunk.index}")
     position = 0
-    for j, chunk in enumerate(schedule.chunks):
-        for step in range(chunk.chain_length):
+    for j in range(len(schedule.chunks)):
+        for step in range(schedule.chain_length(j)):
             op = schedule.ops[position]
             if (op.index, op.chunk, op.step) != (position, j, step):
                 raise ScheduleError(

@@ -1,11 +1,26 @@
 """The one output type of every planner: a :class:`Schedule`.
 
-A schedule is the chunks (size, dimension order), their ops with start/end times, and
-for each dimension the sequence of ops it runs. Ops are numbered chunk-major: the ops
-of chunk 0 in chain order, then chunk 1, ... (:meth:`Schedule.op_index`). A chunk's
-chain is RS over ``order[0]``, ``order[1]``, ..., then AG over the same groups in
-reverse. An entry of ``order`` is a *group* of dimensions: a single dimension for the
-hierarchical algorithms, several for a flat ring spanning them.
+A schedule is the collective it performs, the chunks (size, dimension order), their
+ops with start/end times, and for each dimension the sequence of ops it runs. Ops are
+numbered chunk-major: the ops of chunk 0 in chain order, then chunk 1, ...
+(:meth:`Schedule.op_index`). An entry of ``order`` is a *group* of dimensions: a single
+dimension for the hierarchical algorithms, several for a flat ring spanning them.
+
+A chunk's chain depends on the collective (:func:`chain`); ``order`` is always read in
+ReduceScatter order, so the three collectives share one data layout:
+
+- ``all_reduce``: RS over ``order[0]``, ``order[1]``, ..., then AG over the same groups
+  in reverse;
+- ``reduce_scatter``: the RS half alone;
+- ``all_gather``: the AG half alone (AG over ``order[-1]`` first, ``order[0]`` last).
+
+``message_bytes`` is always the full per-rank buffer (the RS input, the AG output, the
+AllReduce buffer). For AllReduce a chunk is a contiguous piece of the buffer, chunks in
+index order. For ReduceScatter and AllGather the buffer is N shards of
+``message_bytes / N`` bytes, shard r belonging to rank r (as torch's
+``reduce_scatter_tensor`` / ``all_gather_into_tensor`` lay them out); chunk j is the same
+contiguous slice of *every* shard (the slice starting at ``offset_j / N`` of length
+``size_j / N``), so each rank ends the chain holding chunk j's slice of its own shard.
 """
 
 import json
@@ -22,7 +37,31 @@ DimGroup = tuple[int, ...]
 """Dimensions an op spans (sorted); ``(k,)`` for a hierarchical op on dimension k."""
 
 SCHEDULE_FORMAT = "hipipe.schedule"
-SCHEDULE_VERSION = 1
+SCHEDULE_VERSION = 2
+"""Version 2 added the top-level ``"collective"``; version-1 files load as ``all_reduce``."""
+SCHEDULE_VERSIONS_READ = (1, 2)
+
+
+class Collective(StrEnum):
+    """What a schedule computes; torch.distributed's names."""
+
+    ALL_REDUCE = "all_reduce"
+    REDUCE_SCATTER = "reduce_scatter"
+    ALL_GATHER = "all_gather"
+
+    @staticmethod
+    def parse(value: "Collective | str") -> "Collective":
+        """The collective named ``value``; a one-line :class:`ScheduleError` otherwise."""
+        try:
+            return Collective(str(value).strip().lower().replace("-", "_"))
+        except ValueError:
+            names = ", ".join(c.value for c in Collective)
+            raise ScheduleError(f"unknown collective {value!r} (use {names})") from None
+
+    @property
+    def moves_per_byte(self) -> int:
+        """How many of the halves (RS, AG) a byte of the message takes part in: 2 or 1."""
+        return 2 if self is Collective.ALL_REDUCE else 1
 
 
 class Phase(StrEnum):
@@ -45,10 +84,6 @@ class Chunk:
         object.__setattr__(self, "order", tuple(tuple(g) for g in self.order))
         if not (math.isfinite(self.size_bytes) and self.size_bytes >= 0):
             raise ScheduleError(f"chunk {self.index}: size must be >= 0, got {self.size_bytes!r}")
-
-    @property
-    def chain_length(self) -> int:
-        return 2 * len(self.order)
 
     def dims_order(self) -> tuple[int, ...]:
         """The order as a flat tuple of dimensions (for single-dimension groups)."""
@@ -82,17 +117,30 @@ class Op:
         return self.end_s - self.start_s
 
 
-def chain(topology: Topology, chunk: Chunk) -> list[tuple[Phase, DimGroup, float, float]]:
-    """The untimed ops of a chunk: ``(phase, dims, input_bytes, output_bytes)`` in order."""
+def chain_length(collective: Collective, num_groups: int) -> int:
+    """Ops in the chain of a chunk whose order has ``num_groups`` groups."""
+    return collective.moves_per_byte * num_groups
+
+
+def chain(
+    topology: Topology, chunk: Chunk, collective: Collective = Collective.ALL_REDUCE
+) -> list[tuple[Phase, DimGroup, float, float]]:
+    """The untimed ops of a chunk: ``(phase, dims, input_bytes, output_bytes)`` in order.
+
+    ``input_bytes``/``output_bytes`` are per NPU; the wide side is ``chunk.size_bytes``
+    divided by the sizes of the groups visited before (RS) or after (AG) in ``order``.
+    """
     sizes = [chunk.size_bytes]
     for group in chunk.order:
         n = math.prod(topology.dims[k].size for k in group)
         sizes.append(sizes[-1] / n)
     ops: list[tuple[Phase, DimGroup, float, float]] = []
-    for level, group in enumerate(chunk.order):
-        ops.append((Phase.RS, group, sizes[level], sizes[level + 1]))
-    for level in reversed(range(len(chunk.order))):
-        ops.append((Phase.AG, chunk.order[level], sizes[level + 1], sizes[level]))
+    if collective is not Collective.ALL_GATHER:
+        for level, group in enumerate(chunk.order):
+            ops.append((Phase.RS, group, sizes[level], sizes[level + 1]))
+    if collective is not Collective.REDUCE_SCATTER:
+        for level in reversed(range(len(chunk.order))):
+            ops.append((Phase.AG, chunk.order[level], sizes[level + 1], sizes[level]))
     return ops
 
 
@@ -108,20 +156,32 @@ class Schedule:
     sequences: tuple[tuple[int, ...], ...]
     """For each dimension, the indices of the ops it runs, in execution order."""
     makespan_s: float
+    collective: Collective = Collective.ALL_REDUCE
     info: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
     """Why the schedule looks the way it does (planner decisions), JSON-serializable."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "collective", Collective.parse(self.collective))
 
     @property
     def num_chunks(self) -> int:
         return len(self.chunks)
 
+    def chain_length(self, chunk: int) -> int:
+        """Ops in chunk ``chunk``'s chain (2 per group for AllReduce, 1 for RS or AG)."""
+        return chain_length(self.collective, len(self.chunks[chunk].order))
+
     def op_index(self, chunk: int, step: int) -> int:
         """Index of op ``step`` of ``chunk`` (ops are numbered chunk-major)."""
-        return _chain_offsets(self.chunks)[chunk] + step
+        return _chain_offsets(self.chunks, self.collective)[chunk] + step
 
     def chunk_ops(self, chunk: int) -> tuple[Op, ...]:
-        start = _chain_offsets(self.chunks)[chunk]
-        return self.ops[start : start + self.chunks[chunk].chain_length]
+        start = _chain_offsets(self.chunks, self.collective)[chunk]
+        return self.ops[start : start + self.chain_length(chunk)]
+
+    def op_level(self, op: Op) -> int:
+        """Position of ``op``'s group in its chunk's order (0 = the group RS visits first)."""
+        return self.chunks[op.chunk].order.index(op.dims)
 
     def ops_on(self, dim: int) -> Iterator[Op]:
         """Ops that dimension ``dim`` runs, in its sequence order."""
@@ -147,10 +207,10 @@ class Schedule:
         return schedule_from_dict(data)
 
 
-def _chain_offsets(chunks: Sequence[Chunk]) -> list[int]:
+def _chain_offsets(chunks: Sequence[Chunk], collective: Collective) -> list[int]:
     offsets = [0]
     for c in chunks:
-        offsets.append(offsets[-1] + c.chain_length)
+        offsets.append(offsets[-1] + chain_length(collective, len(c.order)))
     return offsets
 
 
@@ -160,6 +220,7 @@ def schedule_to_dict(schedule: Schedule) -> dict[str, Any]:
     return {
         "format": SCHEDULE_FORMAT,
         "version": SCHEDULE_VERSION,
+        "collective": schedule.collective.value,
         "planner": schedule.planner,
         "message_bytes": schedule.message_bytes,
         "makespan_s": schedule.makespan_s,
@@ -191,10 +252,17 @@ def schedule_from_dict(data: Any) -> Schedule:
 
     if not isinstance(data, dict) or data.get("format") != SCHEDULE_FORMAT:
         raise ScheduleError(f'not a hipipe schedule (expected "format": "{SCHEDULE_FORMAT}")')
-    if data.get("version") != SCHEDULE_VERSION:
+    if data.get("version") not in SCHEDULE_VERSIONS_READ:
+        readable = ", ".join(str(v) for v in SCHEDULE_VERSIONS_READ)
         raise ScheduleError(
-            f"schedule format version {data.get('version')!r} is not supported (this hipipe reads {SCHEDULE_VERSION})"
+            f"schedule format version {data.get('version')!r} is not supported (this hipipe reads {readable})"
         )
+    if data["version"] == 1:
+        collective = Collective.ALL_REDUCE  # version 1 predates ReduceScatter and AllGather
+    elif "collective" in data:
+        collective = Collective.parse(data["collective"])
+    else:
+        raise ScheduleError('malformed schedule: a version-2 schedule needs a "collective"')
     try:
         topology = topology_from_dict(data["topology"])
         chunks = tuple(
@@ -229,6 +297,7 @@ def schedule_from_dict(data: Any) -> Schedule:
             ops=ops,
             sequences=sequences,
             makespan_s=float(data["makespan_s"]),
+            collective=collective,
             info=dict(data.get("info", {})),
         )
     except (KeyError, TypeError, ValueError) as exc:
@@ -248,10 +317,10 @@ def validate_layout(schedule: Schedule) -> None:
         raise ScheduleError(
             f"schedule has {len(schedule.sequences)} dimension sequences for a {topo.num_dims}-dimension topology"
         )
-    expected = sum(c.chain_length for c in schedule.chunks)
+    expected = sum(schedule.chain_length(j) for j in range(len(schedule.chunks)))
     if len(schedule.ops) != expected:
         raise ScheduleError(f"schedule has {len(schedule.ops)} ops, its chunks' chains need {expected}")
-    offsets = _chain_offsets(schedule.chunks)
+    offsets = _chain_offsets(schedule.chunks, schedule.collective)
     for op in schedule.ops:
         if not 0 <= op.chunk < len(schedule.chunks):
             raise ScheduleError(f"op {op.index} names chunk {op.chunk}, which does not exist")

@@ -21,7 +21,7 @@ from enum import StrEnum
 
 from hipipe.cost import op_time_s
 from hipipe.errors import ScheduleError
-from hipipe.schedule import Chunk, DimGroup, Op, Phase, Schedule, chain
+from hipipe.schedule import Chunk, Collective, DimGroup, Op, Phase, Schedule, chain
 from hipipe.topology import Topology
 
 
@@ -43,10 +43,10 @@ class _UntimedOp:
     duration_s: float
 
 
-def _untimed_ops(topology: Topology, chunks: Sequence[Chunk]) -> list[_UntimedOp]:
+def _untimed_ops(topology: Topology, chunks: Sequence[Chunk], collective: Collective) -> list[_UntimedOp]:
     ops: list[_UntimedOp] = []
     for chunk in chunks:
-        for step, (phase, dims, input_bytes, output_bytes) in enumerate(chain(topology, chunk)):
+        for step, (phase, dims, input_bytes, output_bytes) in enumerate(chain(topology, chunk, collective)):
             ops.append(
                 _UntimedOp(
                     index=len(ops),
@@ -87,13 +87,15 @@ def simulate_chunks(
     sequences: Sequence[Sequence[int]] | None = None,
     planner: str = "custom",
     info: dict | None = None,
+    collective: Collective | str = Collective.ALL_REDUCE,
 ) -> Schedule:
     """Time the chunks' ops and return the resulting :class:`Schedule`.
 
     ``sequences`` (per dimension, op indices) is required for ``fixed`` and ignored otherwise.
     """
     policy = Policy(policy)
-    ops = _untimed_ops(topology, chunks)
+    collective = Collective.parse(collective)
+    ops = _untimed_ops(topology, chunks, collective)
     run = _Run(ops=ops, num_dims=topology.num_dims)
     if policy is Policy.FIXED:
         if sequences is None:
@@ -123,6 +125,7 @@ def simulate_chunks(
         ops=timed,
         sequences=tuple(tuple(s) for s in run.sequences),
         makespan_s=max((o.end_s for o in timed), default=0.0),
+        collective=collective,
         info=dict(info or {}),
     )
 
@@ -137,6 +140,7 @@ def simulate(schedule: Schedule, *, policy: Policy | str = Policy.FIXED) -> Sche
         sequences=schedule.sequences,
         planner=schedule.planner,
         info=dict(schedule.info),
+        collective=schedule.collective,
     )
 
 
