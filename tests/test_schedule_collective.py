@@ -64,3 +64,16 @@ def test_version_2_needs_a_known_collective() -> None:
     del data["collective"]
     with pytest.raises(ScheduleError, match='needs a "collective"'):
         Schedule.from_json(json.dumps(data))
+
+
+@pytest.mark.parametrize("planner", ["ring", "hierarchical", "pipelined", "themis"])
+@pytest.mark.parametrize("collective", [Collective.REDUCE_SCATTER, Collective.ALL_GATHER])
+def test_baselines_plan_rs_and_ag(planner: str, collective: Collective) -> None:
+    topo = load_topology(TWO_DIMS)
+    schedule = plan(topo, 2**24, planner, num_chunks=4, collective=collective)
+    allreduce = plan(topo, 2**24, planner, num_chunks=4)
+    assert schedule.collective is collective
+    assert {op.phase for op in schedule.ops} == {
+        Phase.RS if collective is Collective.REDUCE_SCATTER else Phase.AG
+    }
+    assert schedule.makespan_s < allreduce.makespan_s

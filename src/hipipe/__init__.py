@@ -1,4 +1,4 @@
-"""hipipe: plan, simulate, check and run pipelined hierarchical AllReduce.
+"""hipipe: plan, simulate, check and run pipelined hierarchical collectives.
 
 The pipeline is a chain of plain functions over data::
 
@@ -21,7 +21,7 @@ from hipipe.cost import lower_bound_s, utilization
 from hipipe.errors import HipipeError, ScheduleError, SolverError, TopologyError
 from hipipe.planners import BASELINES, PLANNERS, plan
 from hipipe.presets import PRESETS
-from hipipe.schedule import Chunk, Op, Phase, Schedule
+from hipipe.schedule import Chunk, Collective, Op, Phase, Schedule
 from hipipe.simulator import Policy, simulate, simulate_chunks
 from hipipe.topology import Algorithm, Dimension, Kind, Topology
 from hipipe.topology_io import load_topology
@@ -33,6 +33,7 @@ __all__ = [
     "Algorithm",
     "CheckReport",
     "Chunk",
+    "Collective",
     "Comparison",
     "Dimension",
     "HipipeError",

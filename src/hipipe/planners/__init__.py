@@ -1,4 +1,4 @@
-"""Planners: functions ``(topology, message_bytes, *, num_chunks=None) -> Schedule``.
+"""Planners: functions ``(topology, message_bytes, *, num_chunks=None, collective) -> Schedule``.
 
 Every planner returns the same :class:`~hipipe.schedule.Schedule`; no consumer knows
 which planner made one.
@@ -16,7 +16,7 @@ from hipipe.planners.hipipe import (
     plan_hipipe_k64,
     plan_hipipe_uniform,
 )
-from hipipe.schedule import Schedule
+from hipipe.schedule import Collective, Schedule
 from hipipe.topology import Topology
 
 PlannerFn = Callable[..., Schedule]
@@ -101,10 +101,12 @@ def plan(
     planner: str = "hipipe",
     *,
     num_chunks: int | None = None,
+    collective: Collective | str = Collective.ALL_REDUCE,
 ) -> Schedule:
-    """Run one planner by name."""
+    """Run one planner by name for one collective (``all_reduce`` by default)."""
     if isinstance(message_bytes, bool) or not isinstance(message_bytes, int) or message_bytes <= 0:
         raise HipipeError(f"message size must be a positive whole number of bytes, got {message_bytes!r}")
     if num_chunks is not None and num_chunks < 1:
         raise HipipeError(f"the number of chunks must be >= 1, got {num_chunks}")
-    return get_planner(planner).function(topology, message_bytes, num_chunks=num_chunks)
+    kind = Collective.parse(collective)
+    return get_planner(planner).function(topology, message_bytes, num_chunks=num_chunks, collective=kind)

@@ -5,7 +5,7 @@ simulator (:mod:`hipipe.simulator`) times the ops, so no baseline computes its o
 """
 
 from hipipe.cost import volume_per_byte
-from hipipe.schedule import Chunk, Schedule
+from hipipe.schedule import Chunk, Collective, Schedule
 from hipipe.simulator import Policy, simulate_chunks
 from hipipe.topology import Topology
 
@@ -27,21 +27,43 @@ def equal_chunks(
     return [Chunk(index=j, size_bytes=size, order=orders[j]) for j in range(num_chunks)]
 
 
-def plan_ring(topology: Topology, message_bytes: int, *, num_chunks: int | None = None) -> Schedule:
+def plan_ring(
+    topology: Topology,
+    message_bytes: int,
+    *,
+    num_chunks: int | None = None,
+    collective: Collective = Collective.ALL_REDUCE,
+) -> Schedule:
     """Flat ring AllReduce over all N NPUs: one RS and one AG spanning every dimension."""
     del num_chunks  # a flat ring is one collective; chunking it changes nothing in this model
     chunk = Chunk(index=0, size_bytes=float(message_bytes), order=(tuple(range(topology.num_dims)),))
-    return simulate_chunks(topology, message_bytes, [chunk], policy=Policy.FIFO, planner="ring")
+    return simulate_chunks(
+        topology, message_bytes, [chunk], policy=Policy.FIFO, planner="ring", collective=collective
+    )
 
 
-def plan_hierarchical(topology: Topology, message_bytes: int, *, num_chunks: int | None = None) -> Schedule:
+def plan_hierarchical(
+    topology: Topology,
+    message_bytes: int,
+    *,
+    num_chunks: int | None = None,
+    collective: Collective = Collective.ALL_REDUCE,
+) -> Schedule:
     """One chunk, RS over dimensions 0..D-1, AG back: one dimension busy at a time."""
     del num_chunks
     chunk = Chunk(index=0, size_bytes=float(message_bytes), order=ascending(topology))
-    return simulate_chunks(topology, message_bytes, [chunk], policy=Policy.FIFO, planner="hierarchical")
+    return simulate_chunks(
+        topology, message_bytes, [chunk], policy=Policy.FIFO, planner="hierarchical", collective=collective
+    )
 
 
-def plan_pipelined(topology: Topology, message_bytes: int, *, num_chunks: int | None = None) -> Schedule:
+def plan_pipelined(
+    topology: Topology,
+    message_bytes: int,
+    *,
+    num_chunks: int | None = None,
+    collective: Collective = Collective.ALL_REDUCE,
+) -> Schedule:
     """K equal chunks, all in ascending order, FIFO on every dimension."""
     k = num_chunks or DEFAULT_NUM_CHUNKS
     chunks = equal_chunks(message_bytes, k, [ascending(topology)] * k)
@@ -52,6 +74,7 @@ def plan_pipelined(topology: Topology, message_bytes: int, *, num_chunks: int | 
         policy=Policy.FIFO,
         planner="pipelined",
         info={"num_chunks": k},
+        collective=collective,
     )
 
 
@@ -85,10 +108,22 @@ def themis_orders(
     return orders
 
 
-def plan_themis(topology: Topology, message_bytes: int, *, num_chunks: int | None = None) -> Schedule:
+def plan_themis(
+    topology: Topology,
+    message_bytes: int,
+    *,
+    num_chunks: int | None = None,
+    collective: Collective = Collective.ALL_REDUCE,
+) -> Schedule:
     """Themis (ISCA 2022) as in ASTRA-sim: OfflineGreedy orders, smallest-chunk-first queues."""
     k = num_chunks or DEFAULT_NUM_CHUNKS
     chunks = equal_chunks(message_bytes, k, themis_orders(topology, message_bytes, k))
     return simulate_chunks(
-        topology, message_bytes, chunks, policy=Policy.SCF, planner="themis", info={"num_chunks": k}
+        topology,
+        message_bytes,
+        chunks,
+        policy=Policy.SCF,
+        planner="themis",
+        info={"num_chunks": k},
+        collective=collective,
     )

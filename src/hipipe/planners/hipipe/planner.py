@@ -22,7 +22,7 @@ from hipipe.planners.hipipe.candidates import (
 )
 from hipipe.planners.hipipe.search import search
 from hipipe.planners.hipipe.structure import to_chunks
-from hipipe.schedule import Schedule
+from hipipe.schedule import Collective, Schedule
 from hipipe.simulator import Policy, simulate_chunks
 from hipipe.topology import Topology
 
@@ -40,7 +40,10 @@ def _plan(
     planner: str,
     options: SearchOptions,
     num_chunks: int | None,
+    collective: Collective,
 ) -> Schedule:
+    if collective is not Collective.ALL_REDUCE:
+        raise HipipeError(f"{planner} plans all_reduce only so far, not {collective.value}")
     if not message_bytes > 0:
         raise HipipeError(f"message size must be positive, got {message_bytes}")
     if num_chunks is not None:
@@ -117,32 +120,75 @@ def _info(
     }
 
 
-def plan_hipipe(topology: Topology, message_bytes: int, *, num_chunks: int | None = None) -> Schedule:
+def plan_hipipe(
+    topology: Topology,
+    message_bytes: int,
+    *,
+    num_chunks: int | None = None,
+    collective: Collective = Collective.ALL_REDUCE,
+) -> Schedule:
     """HiPIPE: fluid order mix, list-scheduled sequences, LP chunk sizes, searched K, baseline seeds."""
-    return _plan(topology, message_bytes, planner="hipipe", options=SearchOptions(), num_chunks=num_chunks)
+    return _plan(
+        topology,
+        message_bytes,
+        planner="hipipe",
+        options=SearchOptions(),
+        num_chunks=num_chunks,
+        collective=collective,
+    )
 
 
-def plan_hipipe_uniform(topology: Topology, message_bytes: int, *, num_chunks: int | None = None) -> Schedule:
+def plan_hipipe_uniform(
+    topology: Topology,
+    message_bytes: int,
+    *,
+    num_chunks: int | None = None,
+    collective: Collective = Collective.ALL_REDUCE,
+) -> Schedule:
     """Ablation: as ``hipipe`` but every chunk the same size (no sizing LP, no seeds)."""
     options = SearchOptions(lp_sizes=False, baseline_seeds=False, climb=False)
-    return _plan(topology, message_bytes, planner="hipipe-uniform", options=options, num_chunks=num_chunks)
+    return _plan(
+        topology,
+        message_bytes,
+        planner="hipipe-uniform",
+        options=options,
+        num_chunks=num_chunks,
+        collective=collective,
+    )
 
 
-def plan_hipipe_k64(topology: Topology, message_bytes: int, *, num_chunks: int | None = None) -> Schedule:
+def plan_hipipe_k64(
+    topology: Topology,
+    message_bytes: int,
+    *,
+    num_chunks: int | None = None,
+    collective: Collective = Collective.ALL_REDUCE,
+) -> Schedule:
     """Ablation: as ``hipipe`` but K fixed to 64 (no chunk-number search, no seeds)."""
     options = SearchOptions(
         chunk_counts=(num_chunks or ABLATION_NUM_CHUNKS,), baseline_seeds=False, climb=False
     )
-    return _plan(topology, message_bytes, planner="hipipe-k64", options=options, num_chunks=None)
+    return _plan(
+        topology, message_bytes, planner="hipipe-k64", options=options, num_chunks=None, collective=collective
+    )
 
 
 def plan_hipipe_fixed_order(
-    topology: Topology, message_bytes: int, *, num_chunks: int | None = None
+    topology: Topology,
+    message_bytes: int,
+    *,
+    num_chunks: int | None = None,
+    collective: Collective = Collective.ALL_REDUCE,
 ) -> Schedule:
     """Ablation: as ``hipipe`` but every chunk in ascending order (no order mix, no seeds)."""
     options = SearchOptions(ascending_only=True, baseline_seeds=False, climb=False)
     return _plan(
-        topology, message_bytes, planner="hipipe-fixed-order", options=options, num_chunks=num_chunks
+        topology,
+        message_bytes,
+        planner="hipipe-fixed-order",
+        options=options,
+        num_chunks=num_chunks,
+        collective=collective,
     )
 
 
