@@ -7,7 +7,7 @@ import pytest
 from hipipe.cost import lower_bound_s, op_time_s, volume_per_byte
 from hipipe.errors import ScheduleError
 from hipipe.planners import BASELINES, plan
-from hipipe.planners.baselines import themis_orders
+from hipipe.planners.baselines import themis_chunk_sizes_bytes, themis_ideal_orders, themis_orders
 from hipipe.schedule import Chunk, Phase
 from hipipe.simulator import Policy, simulate, simulate_chunks
 from hipipe.topology_io import load_topology
@@ -66,22 +66,22 @@ def test_lower_bound_and_volumes() -> None:
     assert sum(volume_per_byte(topo, (1, 0))) == pytest.approx(2 * 7 / 8)
 
 
-def test_themis_orders_start_on_the_least_loaded_dimension() -> None:
+def test_themis_ideal_orders_start_on_the_least_loaded_dimension() -> None:
     topo = load_topology("ring:2:10GB/s:0ns,ring:4:100GB/s:0ns")
     # chunk 0 (4e8 B): no load yet -> ascending. It adds 1/2 x 4e8 / 1e10 = 20 ms to dim 0
     # and 3/4 x 2e8 / 1e11 = 1.5 ms to dim 1. Gap 18.5 ms x 100 GB/s = 1.85e9 B > 4e8/16,
     # so chunk 1 starts on dim 1.
-    assert themis_orders(topo, 8 * 10**8, 2) == [((0,), (1,)), ((1,), (0,))]
+    assert themis_ideal_orders(topo, 8 * 10**8, 2) == [((0,), (1,)), ((1,), (0,))]
 
 
-def test_themis_keeps_ascending_below_the_threshold() -> None:
+def test_themis_ideal_keeps_ascending_below_the_threshold() -> None:
     # Two 2-NPU dims, B1 = r x B0. After chunk 0 (ascending) and chunk 1 (dim 1 first), the
     # loads are 0.75 c/B0 and 0.75 c/B1: dim 1 is less loaded by 0.75 c (1/B0 - 1/B1), i.e.
     # 0.75 c (r - 1) bytes at B1. r = 1.05: 0.0375 c < c/16 -> chunk 2 keeps the ascending order;
     # r = 1.2: 0.15 c > c/16 -> chunk 2 starts on dim 1.
-    close = themis_orders(load_topology("ring:2:100GB/s:0ns,ring:2:105GB/s:0ns"), 2**20, 3)
+    close = themis_ideal_orders(load_topology("ring:2:100GB/s:0ns,ring:2:105GB/s:0ns"), 2**20, 3)
     assert close == [((0,), (1,)), ((1,), (0,)), ((0,), (1,))]
-    apart = themis_orders(load_topology("ring:2:100GB/s:0ns,ring:2:120GB/s:0ns"), 2**20, 3)
+    apart = themis_ideal_orders(load_topology("ring:2:100GB/s:0ns,ring:2:120GB/s:0ns"), 2**20, 3)
     assert apart == [((0,), (1,)), ((1,), (0,)), ((1,), (0,))]
 
 

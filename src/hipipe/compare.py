@@ -16,7 +16,7 @@ from hipipe.planners import plan as run_planner
 from hipipe.topology import Topology
 from hipipe.topology_io import topology_to_dict
 
-DEFAULT_PLANNERS: tuple[str, ...] = ("ring", "hierarchical", "pipelined", "themis", "hipipe")
+DEFAULT_PLANNERS: tuple[str, ...] = ("ring", "hierarchical", "pipelined", "themis", "themis-ideal", "hipipe")
 DEFAULT_SIZES_BYTES: tuple[int, ...] = (2**20, 2**24, 2**28, 2**30)
 
 

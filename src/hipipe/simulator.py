@@ -6,6 +6,10 @@ runs next is decided by a queue policy:
 
 - ``fifo``:  the op that became ready first (ties: lower chunk, then earlier step);
 - ``scf``:   smallest chunk first: the op with the fewest bytes (ties: as fifo);
+- ``astra-scf``: ASTRA-sim's smallest-first ready list, as Themis runs in it: a newly
+  ready op is inserted before the first waiting op at least as wide as itself (so among
+  equal sizes the newest goes first), except the op with exactly one op left after it in
+  its chain, which goes to the back; at time 0 the first ops queue in chunk order;
 - ``fixed``: the schedule's own per-dimension sequence, in order.
 
 State is explicit (one :class:`_Run` per call), the event heap is ordered by
@@ -28,6 +32,7 @@ from hipipe.topology import Topology
 class Policy(StrEnum):
     FIFO = "fifo"
     SCF = "scf"
+    ASTRA_SCF = "astra-scf"
     FIXED = "fixed"
 
 
@@ -144,40 +149,91 @@ def simulate(schedule: Schedule, *, policy: Policy | str = Policy.FIXED) -> Sche
     )
 
 
+class _HeapQueue:
+    """One dim's waiting ops ordered by a key: ``fifo`` and ``scf``."""
+
+    def __init__(self, ops: list[_UntimedOp], policy: Policy) -> None:
+        self._ops = ops
+        self._smallest_first = policy is Policy.SCF
+        self._heap: list[tuple[tuple[float, ...], int]] = []
+
+    def push(self, index: int, ready_s: float, *, initial: bool) -> None:
+        del initial  # the key alone decides
+        u = self._ops[index]
+        fifo_key: tuple[float, ...] = (ready_s, u.chunk, u.step)
+        key = (max(u.input_bytes, u.output_bytes), *fifo_key) if self._smallest_first else fifo_key
+        heapq.heappush(self._heap, (key, index))
+
+    def peek(self) -> int | None:
+        return self._heap[0][1] if self._heap else None
+
+    def pop(self) -> None:
+        heapq.heappop(self._heap)
+
+
+class _AstraQueue:
+    """One dim's ready list as ASTRA-sim's ``SmallestFirst`` insertion keeps it (``astra-scf``)."""
+
+    def __init__(self, ops: list[_UntimedOp], chain_end: dict[int, int]) -> None:
+        self._ops = ops
+        self._chain_end = chain_end
+        self._waiting: list[int] = []
+
+    def push(self, index: int, ready_s: float, *, initial: bool) -> None:
+        del ready_s  # position, not time, orders this list
+        u = self._ops[index]
+        if initial or u.step == self._chain_end[u.chunk] - 1:
+            self._waiting.append(index)  # time 0 in chunk order; one op left after it: the back
+            return
+        size = max(u.input_bytes, u.output_bytes)
+        for position, other in enumerate(self._waiting):
+            o = self._ops[other]
+            if max(o.input_bytes, o.output_bytes) >= size:
+                self._waiting.insert(position, index)
+                return
+        self._waiting.append(index)
+
+    def peek(self) -> int | None:
+        return self._waiting[0] if self._waiting else None
+
+    def pop(self) -> None:
+        self._waiting.pop(0)
+
+
 def _run_queued(run: _Run, policy: Policy) -> None:
     """Event loop: at each time, retire ending ops, then give every free dimension work."""
     ops = run.ops
     first_op = [u.index for u in ops if u.step == 0]
     last_step = {u.chunk: u.step for u in ops}
-    queues: list[list[tuple]] = [[] for _ in range(run.num_dims)]
+    queues: list[_HeapQueue | _AstraQueue] = [
+        _AstraQueue(ops, last_step) if policy is Policy.ASTRA_SCF else _HeapQueue(ops, policy)
+        for _ in range(run.num_dims)
+    ]
     busy = [False] * run.num_dims
     events: list[tuple[float, int, int]] = []  # (time, seq, op index) of op ends
     seq = 0
 
-    def enqueue(index: int, ready_s: float) -> None:
-        u = ops[index]
-        fifo_key = (ready_s, u.chunk, u.step)
-        key = fifo_key if policy is Policy.FIFO else (max(u.input_bytes, u.output_bytes), *fifo_key)
-        for k in u.dims:
-            heapq.heappush(queues[k], (key, index))
+    def enqueue(index: int, ready_s: float, *, initial: bool = False) -> None:
+        for k in ops[index].dims:
+            queues[k].push(index, ready_s, initial=initial)
 
     for index in first_op:
-        enqueue(index, 0.0)
+        enqueue(index, 0.0, initial=True)
     now = 0.0
     started = [False] * len(ops)
     while True:
         # Dispatch: each free dimension takes its best waiting op (all of its dims must be free).
         for k in range(run.num_dims):
             queue = queues[k]
-            while queue and started[queue[0][1]]:
-                heapq.heappop(queue)
-            if busy[k] or not queue:
+            while (head := queue.peek()) is not None and started[head]:
+                queue.pop()  # a multi-dim op another of its dims already started
+            if busy[k] or head is None:
                 continue
-            index = queue[0][1]
+            index = head
             dims = ops[index].dims
             if any(busy[d] for d in dims):
                 continue
-            heapq.heappop(queue)
+            queue.pop()
             started[index] = True
             run.start_s[index] = now
             run.end_s[index] = now + ops[index].duration_s

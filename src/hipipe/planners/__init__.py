@@ -8,7 +8,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from hipipe.errors import HipipeError
-from hipipe.planners.baselines import plan_hierarchical, plan_pipelined, plan_ring, plan_themis
+from hipipe.planners.baselines import (
+    plan_hierarchical,
+    plan_pipelined,
+    plan_ring,
+    plan_themis,
+    plan_themis_ideal,
+)
 from hipipe.planners.hipipe import (
     explain,
     plan_hipipe,
@@ -51,7 +57,13 @@ PLANNERS: dict[str, PlannerSpec] = {
         PlannerSpec(
             name="themis",
             function=plan_themis,
-            description="Themis: greedy orders, K=64, smallest-chunk-first",
+            description="Themis as ASTRA-sim runs it: OfflineGreedy orders, K=64, its smallest-first list",
+            baseline=True,
+        ),
+        PlannerSpec(
+            name="themis-ideal",
+            function=plan_themis_ideal,
+            description="idealized Themis: fresh greedy orders, equal chunks, SCF FIFO among equals",
             baseline=True,
         ),
         PlannerSpec(

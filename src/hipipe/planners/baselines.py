@@ -78,15 +78,16 @@ def plan_pipelined(
     )
 
 
-def themis_orders(
+def themis_ideal_orders(
     topology: Topology, message_bytes: int, num_chunks: int
 ) -> list[tuple[tuple[int, ...], ...]]:
-    """Themis' OfflineGreedy: each chunk visits the least-loaded dimensions first.
+    """The idealized greedy orders ``themis-ideal`` uses: least-loaded dimensions first.
 
-    Load is the accumulated busy time of a dimension: a chunk of c bytes adds
-    ``(n_d-1)/n_d * c / B_d`` to dimension d and shrinks to ``c / n_d``. While the gap
-    between the most and least loaded dimension, converted to bytes at the least-loaded
-    dimension's bandwidth, is below chunk_size/16, the ascending order is kept.
+    Load is the accumulated ReduceScatter bandwidth time of a dimension: a chunk of c
+    bytes adds ``(n_d-1)/n_d * c / B_d`` to dimension d and shrinks to ``c / n_d``. Dims are
+    sorted afresh for every chunk (ties by index). While the gap between the most and
+    least loaded dimension, converted to bytes at the least-loaded dimension's bandwidth
+    (without ASTRA-sim's ``(n-1)/n``), is below chunk_size/16, the ascending order is kept.
     """
     chunk_bytes = message_bytes / num_chunks
     loads_s = [0.0] * topology.num_dims
@@ -108,6 +109,58 @@ def themis_orders(
     return orders
 
 
+def themis_chunk_sizes_bytes(message_bytes: int, num_chunks: int) -> list[int]:
+    """ASTRA-sim's split: ``floor(M/K)`` bytes per chunk, the remainder added to the last."""
+    base = message_bytes // num_chunks
+    return [base] * (num_chunks - 1) + [message_bytes - base * (num_chunks - 1)]
+
+
+def themis_orders(
+    topology: Topology, message_bytes: int, num_chunks: int
+) -> list[tuple[tuple[int, ...], ...]]:
+    """Themis' OfflineGreedy orders, with the rules of ASTRA-sim's implementation.
+
+    A persistent list of the dims is kept sorted by *load*: the seconds of ReduceScatter
+    bandwidth time each dim has been given (latency not counted). For each chunk the list
+    is re-sorted with a stable sort, so dims with equal loads keep the list's previous
+    order. With d the least-loaded dim and ``gap_s`` the largest load minus d's, the gap in
+    bytes is ``gap_s * B_d / ((n_d - 1) / n_d)`` (the RS input that d would need to catch
+    up); below ``floor(M/K) / 16`` the chunk takes the ascending order 0..D-1 and the list
+    goes back to index order, otherwise it takes the list's order. The chunk's loads then
+    grow along its order, the chunk shrinking by each dim's size.
+
+    ReduceScatter, AllGather and AllReduce share these orders: with ``order`` read in RS
+    order an AllGather gives every dim the same bytes as the RS half, and ASTRA-sim's
+    AllGather rule (sort, reverse, convert the gap at the last-visited dim) is this one
+    mirrored.
+    """
+    dims = topology.dims
+    loads_s = [0.0] * topology.num_dims
+    by_load = list(range(topology.num_dims))
+    orders: list[tuple[tuple[int, ...], ...]] = []
+    for size_bytes in themis_chunk_sizes_bytes(message_bytes, num_chunks):
+        by_load.sort(key=lambda d: loads_s[d])  # list.sort is stable: ties keep the last order
+        least = by_load[0]
+        n_least = dims[least].size
+        gap_bytes = (
+            (loads_s[by_load[-1]] - loads_s[least])
+            * dims[least].bandwidth_bytes_per_s
+            * n_least
+            / (n_least - 1)
+        )
+        if gap_bytes < (message_bytes // num_chunks) * THEMIS_THRESHOLD_FRACTION:
+            order = tuple(range(topology.num_dims))
+            by_load = list(order)
+        else:
+            order = tuple(by_load)
+        piece_bytes = float(size_bytes)
+        for d in order:
+            loads_s[d] += (dims[d].size - 1) / dims[d].size * piece_bytes / dims[d].bandwidth_bytes_per_s
+            piece_bytes /= dims[d].size
+        orders.append(tuple((k,) for k in order))
+    return orders
+
+
 def plan_themis(
     topology: Topology,
     message_bytes: int,
@@ -115,15 +168,47 @@ def plan_themis(
     num_chunks: int | None = None,
     collective: Collective = Collective.ALL_REDUCE,
 ) -> Schedule:
-    """Themis (ISCA 2022) as in ASTRA-sim: OfflineGreedy orders, smallest-chunk-first queues."""
+    """Themis (ISCA 2022) as ASTRA-sim runs it, one op per dim at a time.
+
+    OfflineGreedy orders (:func:`themis_orders`), ``floor(M/K)``-byte chunks with the
+    remainder in the last, and ASTRA-sim's smallest-first ready list on every dim
+    (:attr:`Policy.ASTRA_SCF`).
+    """
     k = num_chunks or DEFAULT_NUM_CHUNKS
-    chunks = equal_chunks(message_bytes, k, themis_orders(topology, message_bytes, k))
+    orders = themis_orders(topology, message_bytes, k)
+    chunks = [
+        Chunk(index=j, size_bytes=float(size), order=orders[j])
+        for j, size in enumerate(themis_chunk_sizes_bytes(message_bytes, k))
+    ]
+    return simulate_chunks(
+        topology,
+        message_bytes,
+        chunks,
+        policy=Policy.ASTRA_SCF,
+        planner="themis",
+        info={"num_chunks": k},
+        collective=collective,
+    )
+
+
+def plan_themis_ideal(
+    topology: Topology,
+    message_bytes: int,
+    *,
+    num_chunks: int | None = None,
+    collective: Collective = Collective.ALL_REDUCE,
+) -> Schedule:
+    """An idealized Themis, stronger than ASTRA-sim's: equal chunks, orders re-sorted
+    afresh for each chunk (:func:`themis_ideal_orders`), smallest-first queues that are
+    FIFO among equal sizes (:attr:`Policy.SCF`)."""
+    k = num_chunks or DEFAULT_NUM_CHUNKS
+    chunks = equal_chunks(message_bytes, k, themis_ideal_orders(topology, message_bytes, k))
     return simulate_chunks(
         topology,
         message_bytes,
         chunks,
         policy=Policy.SCF,
-        planner="themis",
+        planner="themis-ideal",
         info={"num_chunks": k},
         collective=collective,
     )

@@ -6,7 +6,7 @@ is one answer, and the LP on each tells which works for this network and message
 """
 
 from hipipe.bounds import OrderMix
-from hipipe.planners.baselines import themis_orders
+from hipipe.planners.baselines import themis_ideal_orders
 from hipipe.planners.hipipe.structure import Order, assign_orders, bookend_orders
 from hipipe.topology import Topology
 
@@ -38,7 +38,7 @@ def families(
         # orders where the mix has a few, which often fills and drains the pipeline better.
         greedy = tuple(
             tuple(k for group in order for k in group)
-            for order in themis_orders(topology, int(message_bytes), num_chunks)
+            for order in themis_ideal_orders(topology, int(message_bytes), num_chunks)
         )
         if greedy != families[0][1]:
             families.append(("greedy", greedy))

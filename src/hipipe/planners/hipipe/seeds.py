@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from hipipe.errors import SolverError
-from hipipe.planners.baselines import plan_hierarchical, plan_pipelined, plan_themis
+from hipipe.planners.baselines import plan_hierarchical, plan_pipelined, plan_themis, plan_themis_ideal
 from hipipe.planners.hipipe.candidates import Candidate, SearchLog, SearchOptions, optimize_structure
 from hipipe.planners.hipipe.structure import Structure
 from hipipe.topology import Topology
@@ -33,6 +33,7 @@ def baseline_seeds(topology: Topology, message_bytes: int, num_chunks: int | Non
         ("hierarchical", plan_hierarchical),
         ("pipelined", plan_pipelined),
         ("themis", plan_themis),
+        ("themis-ideal", plan_themis_ideal),
     ):
         schedule = planner(topology, message_bytes, num_chunks=num_chunks)
         seeds.append(
