@@ -9,7 +9,9 @@ rank, after ``init_process_group(..., timeout=...)``::
     trace = allreduce.run(tensor, op="sum", trace=True)       # in place
     measured = trace_to_schedule(schedule, trace)             # draw beside the plan
 
-- :class:`HierarchicalAllReduce` -- in-place AllReduce following a schedule
+- :class:`HierarchicalCollective` -- the schedule's collective, with torch's signatures:
+  ``all_reduce(tensor)`` (in place; also ``run``), ``reduce_scatter(output, input)``,
+  ``all_gather(output, input)``; :class:`HierarchicalAllReduce` is the same class
 - :func:`dimension_groups`, :func:`group_for_dims` -- process groups per dim (dim 0 fastest)
 - :func:`rings_for_layout` -- those groups with the ring order every member agrees on
 - :func:`ring_reduce_scatter`, :func:`ring_all_gather` -- one dim's ring collectives
@@ -30,6 +32,7 @@ from hipipe.torch.collectives import (
 from hipipe.torch.executor import (
     CollectiveError,
     HierarchicalAllReduce,
+    HierarchicalCollective,
     OpTiming,
     Trace,
     element_bounds,
@@ -48,6 +51,7 @@ __all__ = [
     "DEFAULT_TIMEOUT_S",
     "CollectiveError",
     "HierarchicalAllReduce",
+    "HierarchicalCollective",
     "OpTiming",
     "ReduceOp",
     "Ring",

@@ -180,8 +180,8 @@ def ring_all_gather(
         )
 
 
-def check_dtype(dtype: torch.dtype, op: ReduceOp | str) -> None:
-    """Refuse dtypes the ring cannot reduce exactly as ``all_reduce`` would, before any traffic."""
+def check_dtype(dtype: torch.dtype, op: ReduceOp | str, *, action: str = "all-reduce") -> None:
+    """Refuse dtypes the ring cannot reduce exactly as torch's collective would, before any traffic."""
     supported = {
         torch.float64,
         torch.float32,
@@ -195,7 +195,7 @@ def check_dtype(dtype: torch.dtype, op: ReduceOp | str) -> None:
     }
     if dtype not in supported:
         names = ", ".join(sorted(str(d).removeprefix("torch.") for d in supported))
-        raise HipipeError(f"cannot all-reduce dtype {str(dtype).removeprefix('torch.')} (supported: {names})")
+        raise HipipeError(f"cannot {action} dtype {str(dtype).removeprefix('torch.')} (supported: {names})")
     if ReduceOp(op) is ReduceOp.AVG and not dtype.is_floating_point:
         raise HipipeError(f"op avg needs a floating-point dtype, got {str(dtype).removeprefix('torch.')}")
 

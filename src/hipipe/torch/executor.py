@@ -1,4 +1,12 @@
-"""Run a :class:`~hipipe.schedule.Schedule` for real: :class:`HierarchicalAllReduce`.
+"""Run a :class:`~hipipe.schedule.Schedule` for real: :class:`HierarchicalCollective`.
+
+One class for the three collectives: the schedule says which one it plans, and the
+matching method (:meth:`~HierarchicalCollective.all_reduce`,
+:meth:`~HierarchicalCollective.reduce_scatter`, :meth:`~HierarchicalCollective.all_gather`)
+takes torch's tensors with torch's layout. All three run the same way on one flat
+buffer: the AllReduce on the caller's tensor in place, ReduceScatter and AllGather on a
+work buffer laid out by :mod:`hipipe.torch.layout` so that every op is a plain ring
+over a contiguous range.
 
 Each dim walks its sequence in the schedule's order, in its own thread, concurrently
 with the other dims (Gloo runs ops on different process groups in parallel); an op
@@ -17,6 +25,7 @@ the current piece is split into n near-equal parts (:func:`~hipipe.torch.collect
 
 import dataclasses
 import hashlib
+import itertools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -26,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from hipipe.errors import HipipeError, ScheduleError
-from hipipe.schedule import DimGroup, Phase, Schedule, validate_layout
+from hipipe.schedule import Collective, DimGroup, Schedule, validate_layout
 from hipipe.simulator import Policy, simulate
 from hipipe.torch.collectives import ReduceOp, check_dtype, parse_reduce_op, split
 from hipipe.torch.groups import (
@@ -38,12 +47,14 @@ from hipipe.torch.groups import (
     rings_for_layout,
     rings_from_mesh,
 )
+from hipipe.torch.layout import block_of_rank, coordinates_by_rank, own_block, pack_shards, unpack_shards
 from hipipe.torch.threads import CollectiveError, DimThreads, OpPlan
 
 __all__ = [
     "MAX_TAG",
     "CollectiveError",
     "HierarchicalAllReduce",
+    "HierarchicalCollective",
     "OpTiming",
     "Trace",
     "element_bounds",
@@ -56,7 +67,7 @@ MAX_TAG = 2**31 - 1
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class OpTiming:
-    """When one op ran on one rank, relative to the start of :meth:`HierarchicalAllReduce.run`."""
+    """When one op ran on one rank, relative to the start of the collective's call."""
 
     index: int
     start_s: float
@@ -104,8 +115,14 @@ def trace_to_schedule(schedule: Schedule, trace: Trace) -> Schedule:
     )
 
 
-class HierarchicalAllReduce:
-    """In-place AllReduce of a flat tensor that follows one schedule, on every rank.
+class HierarchicalCollective:
+    """The collective one schedule plans (AllReduce, ReduceScatter or AllGather), on every rank.
+
+    A drop-in for torch's collective of the same kind: :meth:`all_reduce` (in place,
+    also :meth:`run`), :meth:`reduce_scatter` and :meth:`all_gather` take the tensors
+    ``all_reduce`` / ``reduce_scatter_tensor`` / ``all_gather_into_tensor`` take, and
+    the schedule's ``message_bytes`` is the full per-rank buffer (the AllReduce tensor,
+    the ReduceScatter input, the AllGather output).
 
     Give either a ``DeviceMesh`` whose mesh dim k is topology dim k, or ``groups``: one
     process group per dim in the topology layout (dim 0 fastest; see
@@ -146,6 +163,12 @@ class HierarchicalAllReduce:
         if timeout_s <= 0:
             raise HipipeError(f"timeout must be positive, got {timeout_s}")
         sizes = schedule.topology.sizes
+        world = schedule.topology.num_npus
+        if schedule.collective is not Collective.ALL_REDUCE and schedule.message_bytes % world:
+            raise HipipeError(
+                f"a {schedule.collective.value} of {schedule.message_bytes} bytes does not split into"
+                f" {world} equal shards: plan a message size that is a multiple of {world} elements"
+            )
         rank_at: Callable[[tuple[int, ...]], int]
         if mesh is not None:
             rings = rings_from_mesh(mesh, sizes)
@@ -156,6 +179,11 @@ class HierarchicalAllReduce:
             rank_at = layout_rank(sizes)
         self.schedule = schedule
         self.timeout_s = timeout_s
+        self._blocks: list[list[int]] = []
+        """RS/AG: per chunk, the block of its piece each rank ends (AG: starts) with; see layout."""
+        if schedule.collective is not Collective.ALL_REDUCE:
+            coords = coordinates_by_rank(sizes, rank_at)
+            self._blocks = [block_of_rank(sizes, c.order, coords) for c in schedule.chunks]
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         if check_peers:
@@ -169,6 +197,7 @@ class HierarchicalAllReduce:
         self._broken = ""
         """Why an earlier run failed: its threads may still hold transfers, so no run may follow."""
         self._plans: dict[int, list[OpPlan]] = {}
+        """Per work-buffer length: what each op does on this rank."""
         self._streams: dict[str, list[Any]] = {}
         self._native = {
             dims: collectives == "native"
@@ -189,20 +218,31 @@ class HierarchicalAllReduce:
                 f"rank {self.rank}: ranks {differ} hold a different schedule; every rank must run the same one"
             )
 
+    def _chunk_starts(self, numel: int) -> list[int]:
+        """Where each chunk starts in the buffer the ops run on, plus its length.
+
+        AllReduce: the caller's tensor of ``numel`` elements. ReduceScatter/AllGather: the
+        work buffer of ``numel`` elements (N shards' worth), chunk j being N slices of
+        ``element_bounds`` applied to the shard length (see :mod:`hipipe.torch.layout`).
+        """
+        if self.schedule.collective is Collective.ALL_REDUCE:
+            return element_bounds(self.schedule, numel)
+        return [self.world_size * b for b in element_bounds(self.schedule, numel // self.world_size)]
+
     def _op_plans(self, numel: int) -> list[OpPlan]:
-        """Per op, this rank's element range on its wide side (cached per tensor length)."""
+        """Per op, this rank's element range on its wide side (cached per buffer length)."""
         if numel in self._plans:
             return self._plans[numel]
-        bounds = element_bounds(self.schedule, numel)
+        bounds = self._chunk_starts(numel)
         plans: list[OpPlan | None] = [None] * len(self.schedule.ops)
         for chunk in self.schedule.chunks:
+            # pieces[l]: what this rank holds before RS on order[l] (= after AG on it).
             pieces = [(bounds[chunk.index], bounds[chunk.index + 1])]
             for group in chunk.order:
                 ring = self.rings[tuple(sorted(group))]
                 pieces.append(split(*pieces[-1], ring.size)[ring.position])
-            levels = len(chunk.order)
             for op in self.schedule.chunk_ops(chunk.index):
-                level = op.step if op.phase is Phase.RS else 2 * levels - 1 - op.step
+                level = self.schedule.op_level(op)
                 ring = self.rings[tuple(sorted(op.dims))]
                 plans[op.index] = OpPlan(
                     op=op,
@@ -215,7 +255,20 @@ class HierarchicalAllReduce:
         self._plans[numel] = [p for p in plans if p is not None]
         return self._plans[numel]
 
-    def run(self, tensor: torch.Tensor, op: object = ReduceOp.SUM, trace: bool = False) -> Trace | None:
+    def _expect(self, collective: Collective) -> None:
+        """Refuse a call the schedule was not planned for, and any call after a failed run."""
+        if self._broken:
+            raise CollectiveError(f"this executor failed before and cannot run again ({self._broken})")
+        if self.schedule.collective is not collective:
+            planned = self.schedule.collective.value
+            raise HipipeError(
+                f"the schedule plans {planned}, not {collective.value}: call {planned}() or plan a"
+                f" {collective.value} schedule (hipipe.plan(..., collective={collective.value!r}))"
+            )
+
+    def all_reduce(
+        self, tensor: torch.Tensor, op: object = ReduceOp.SUM, trace: bool = False
+    ) -> Trace | None:
         """AllReduce ``tensor`` in place across all ranks; return a :class:`Trace` if asked.
 
         ``op``: ``"sum"``, ``"avg"``, ``"min"``, ``"max"`` or the same ``dist.ReduceOp`` members.
@@ -223,19 +276,103 @@ class HierarchicalAllReduce:
         Raises :class:`CollectiveError` (naming the op and the cause) if any op fails or
         the whole run takes longer than ``timeout_s``; never waits longer than that.
         """
-        if self._broken:
-            raise CollectiveError(f"this executor failed before and cannot run again ({self._broken})")
+        self._expect(Collective.ALL_REDUCE)
         op = parse_reduce_op(op)
         check_dtype(tensor.dtype, op)
         if not tensor.is_contiguous():
             raise HipipeError("the tensor must be contiguous (it is reduced in place)")
+        self._check_bytes("the tensor", tensor)
+        flat = tensor.view(-1)
+        result = self._execute(flat, op, trace)
+        if op is ReduceOp.AVG:
+            flat.div_(self.world_size)
+        return result
+
+    def run(self, tensor: torch.Tensor, op: object = ReduceOp.SUM, trace: bool = False) -> Trace | None:
+        """:meth:`all_reduce`, under the name the executor had when AllReduce was all it ran."""
+        return self.all_reduce(tensor, op=op, trace=trace)
+
+    def reduce_scatter(
+        self, output: torch.Tensor, input: torch.Tensor, op: object = ReduceOp.SUM, trace: bool = False
+    ) -> Trace | None:
+        """Like ``dist.reduce_scatter_tensor(output, input, op)``: rank r gets the reduced shard r.
+
+        ``input`` (N shards, left unchanged) has the schedule's ``message_bytes``; ``output``
+        one shard. Copies: ``input`` into a work buffer of the same size (the input is
+        read-only, and the copy is also what puts the shards in the layout the chain
+        needs), and this rank's blocks out of it (1/N of the message).
+        """
+        self._expect(Collective.REDUCE_SCATTER)
+        op = parse_reduce_op(op)
+        check_dtype(input.dtype, op, action="reduce-scatter")
+        self._check_shard_pair(output, input, name="input")
+        shards = input.view(self.world_size, -1)
+        bounds = element_bounds(self.schedule, shards.shape[1])
+        work = torch.empty(input.numel(), dtype=input.dtype, device=input.device)
+        pack_shards(work, shards, bounds, self._blocks)
+        result = self._execute(work, op, trace)
+        mine = output.view(-1)
+        for (a, b), where in zip(
+            itertools.pairwise(bounds),
+            own_block(bounds, self._blocks, self.rank, self.world_size),
+            strict=True,
+        ):
+            mine[a:b].copy_(work[where])
+        if op is ReduceOp.AVG:
+            mine.div_(self.world_size)
+        return result
+
+    def all_gather(self, output: torch.Tensor, input: torch.Tensor, trace: bool = False) -> Trace | None:
+        """Like ``dist.all_gather_into_tensor(output, input)``: shard r of ``output`` is rank r's input.
+
+        ``output`` (N shards) has the schedule's ``message_bytes``; any dtype (nothing is
+        reduced). Copies: ``input`` into its blocks of a work buffer (1/N of the message)
+        and the work buffer, in torch's layout, into ``output``.
+        """
+        self._expect(Collective.ALL_GATHER)
+        self._check_shard_pair(input, output, name="output")
+        shard_numel = input.numel()
+        bounds = element_bounds(self.schedule, shard_numel)
+        work = torch.empty(output.numel(), dtype=output.dtype, device=output.device)
+        mine = input.view(-1)
+        for (a, b), where in zip(
+            itertools.pairwise(bounds),
+            own_block(bounds, self._blocks, self.rank, self.world_size),
+            strict=True,
+        ):
+            work[where].copy_(mine[a:b])
+        result = self._execute(work, ReduceOp.SUM, trace)
+        unpack_shards(output.view(self.world_size, shard_numel), work, bounds, self._blocks)
+        return result
+
+    def _check_bytes(self, what: str, tensor: torch.Tensor) -> None:
         size_bytes = tensor.numel() * tensor.element_size()
         if size_bytes != self.schedule.message_bytes:
             raise HipipeError(
                 f"the schedule was planned for {self.schedule.message_bytes} bytes,"
-                f" the tensor has {size_bytes} bytes ({tensor.numel()} x {tensor.dtype})"
+                f" {what} has {size_bytes} bytes ({tensor.numel()} x {tensor.dtype})"
             )
-        flat = tensor.view(-1)
+
+    def _check_shard_pair(self, shard: torch.Tensor, wide: torch.Tensor, *, name: str) -> None:
+        """torch's rules for the one-shard tensor and the N-shard one, in one line each."""
+        if shard.dtype != wide.dtype or shard.device != wide.device:
+            raise HipipeError(
+                f"output and input must share dtype and device, got {shard.dtype} on {shard.device}"
+                f" and {wide.dtype} on {wide.device}"
+            )
+        if not (shard.is_contiguous() and wide.is_contiguous()):
+            raise HipipeError("output and input must be contiguous")
+        self._check_bytes(f"the {name}", wide)
+        if wide.numel() != self.world_size * shard.numel():
+            raise HipipeError(
+                f"the {name} has {wide.numel()} elements, which must be {self.world_size} x the"
+                f" {shard.numel()} of the one-shard tensor"
+            )
+        if shard.data_ptr() == wide.data_ptr() and shard.numel() > 0:
+            raise HipipeError("output and input must not share memory")
+
+    def _execute(self, flat: torch.Tensor, op: ReduceOp, trace: bool) -> Trace | None:
+        """Run every op of the schedule on ``flat`` (the tensor or the work buffer)."""
         plans = self._op_plans(flat.numel())
         # Tags: op index x ring step, alternating between two ranges on successive runs so
         # that a fast rank's next run never matches a slow rank's messages of this one.
@@ -267,8 +404,6 @@ class HierarchicalAllReduce:
         if streams is not None:
             for stream in streams:
                 torch.cuda.current_stream(flat.device).wait_stream(stream)
-        if op is ReduceOp.AVG:
-            flat.div_(self.world_size)
         if not trace:
             return None
         return Trace(
@@ -285,3 +420,7 @@ class HierarchicalAllReduce:
         if key not in self._streams:
             self._streams[key] = [torch.cuda.Stream(flat.device) for _ in self.schedule.sequences]
         return self._streams[key]
+
+
+HierarchicalAllReduce = HierarchicalCollective
+"""The executor's first name, kept for the code (and the DDP hook) that uses it."""
