@@ -7,7 +7,7 @@ import pytest
 from hipipe.cost import lower_bound_s, op_time_s, volume_per_byte
 from hipipe.errors import ScheduleError
 from hipipe.planners import BASELINES, plan
-from hipipe.planners.baselines import themis_chunk_sizes_bytes, themis_ideal_orders, themis_orders
+from hipipe.planners.baselines import themis_ideal_orders
 from hipipe.schedule import Chunk, Phase
 from hipipe.simulator import Policy, simulate, simulate_chunks
 from hipipe.topology_io import load_topology

@@ -226,7 +226,7 @@ def existing_netns(prefix: str) -> list[str]:
     return [name for name in list_netns() if pattern.match(name)]
 
 
-def _kill_netns_processes(netns: str, grace_s: float = 2.0) -> None:
+def kill_netns_processes(netns: str, grace_s: float = 2.0) -> None:
     """Stop processes left inside one of our namespaces (a crashed worker), by pid."""
     pids = [int(p) for p in run(["ip", "netns", "pids", netns], check=False).split() if p.isdigit()]
     pids = [p for p in pids if p != os.getpid()]
@@ -264,7 +264,7 @@ def down(prefix: str, *, state_dir: Path = DEFAULT_STATE_DIR) -> list[str]:
     for name in sorted(names, key=lambda n: (n.endswith("-hub"), n)):
         if not name.startswith(f"{prefix}-") or name not in present:
             continue
-        _kill_netns_processes(name)
+        kill_netns_processes(name)
         run(["ip", "netns", "delete", name])
         deleted.append(name)
     path.unlink(missing_ok=True)

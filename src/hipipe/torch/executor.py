@@ -368,8 +368,9 @@ class HierarchicalCollective:
                 f"the {name} has {wide.numel()} elements, which must be {self.world_size} x the"
                 f" {shard.numel()} of the one-shard tensor"
             )
-        if shard.data_ptr() == wide.data_ptr() and shard.numel() > 0:
-            raise HipipeError("output and input must not share memory")
+        # No check that the two do not overlap: torch's in-place form (the input is this rank's
+        # slice of the AllGather output, as FSDP2 passes it) is legal, and both collectives copy
+        # their input into the work buffer before they write any output.
 
     def _execute(self, flat: torch.Tensor, op: ReduceOp, trace: bool) -> Trace | None:
         """Run every op of the schedule on ``flat`` (the tensor or the work buffer)."""

@@ -1,0 +1,155 @@
+"""The training benchmark's pieces: the model, its data, the job file and the torchrun command."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from hipipe.errors import HipipeError  # noqa: E402
+from hipipe.testbed.layout import Layout  # noqa: E402
+from hipipe.testbed.torchrun import RENDEZVOUS_PORT, torchrun_argv  # noqa: E402
+from hipipe.topology_io import load_topology  # noqa: E402
+from hipipe.training.model import ModelConfig, TinyLM, config_for_bytes, synthetic_batch  # noqa: E402
+from hipipe.training.train import TrainingConfig, TrainingRun, Workload  # noqa: E402
+from hipipe.training.worker import TrainingJob  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+
+@pytest.mark.parametrize("mib", [1, 16, 64])
+def test_model_fills_its_gradient_budget(mib: int) -> None:
+    budget = mib << 20
+    config = config_for_bytes(budget)
+    model = TinyLM(config)
+    count = sum(p.numel() for p in model.parameters())
+    assert count == config.num_parameters
+    assert 4 * count <= budget
+    # One more multiple of the head count in width would not fit.
+    wider = ModelConfig(
+        width=config.width + config.num_heads,
+        num_layers=config.num_layers,
+        num_heads=config.num_heads,
+        context_tokens=config.context_tokens,
+    )
+    assert 4 * wider.num_parameters > budget
+
+
+def test_synthetic_batches_depend_on_seed_step_and_rank_only() -> None:
+    config = config_for_bytes(1 << 20)
+    inputs, targets = synthetic_batch(config, batch_size=2, step=3, rank=1, seed=7)
+    again, _ = synthetic_batch(config, batch_size=2, step=3, rank=1, seed=7)
+    assert torch.equal(inputs, again)
+    assert inputs.shape == (2, config.context_tokens) and targets.shape == inputs.shape
+    assert torch.equal(inputs[:, 1:], targets[:, :-1])  # targets are the next tokens
+    for other in ({"step": 4, "rank": 1}, {"step": 3, "rank": 2}):
+        different, _ = synthetic_batch(config, batch_size=2, seed=7, **other)
+        assert not torch.equal(inputs, different)
+
+
+def test_model_runs_forward_and_backward() -> None:
+    model = TinyLM(config_for_bytes(1 << 20))
+    inputs, targets = synthetic_batch(model.config, batch_size=2, step=0, rank=0, seed=0)
+    logits = model(inputs)
+    assert logits.shape == (2, model.config.context_tokens, model.config.vocab_size)
+    torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten()).backward()
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_training_config_refuses_too_few_steps() -> None:
+    with pytest.raises(HipipeError, match="at least 2 steps"):
+        TrainingConfig(workload=Workload.DDP, model=config_for_bytes(1 << 20), steps=1)
+
+
+def test_run_statistics_leave_the_first_step_out() -> None:
+    run = TrainingRun(
+        name="hipipe",  # type: ignore[arg-type]
+        workload=Workload.FSDP,
+        step_times_s=(9.0, 2.0, 3.0, 4.0),
+        losses=(1.0, 0.9, 0.8, 0.7),
+        compute_step_s=1.5,
+    )
+    assert run.median_step_s == 3.0  # median of 2, 3, 4: step 0 planned the schedules
+    assert run.communication_share == pytest.approx(0.5)
+    assert run.to_dict()["timed_from_step"] == 1
+
+
+def test_job_round_trips() -> None:
+    job = TrainingJob(
+        topology=load_topology("ring:2:1GB/s:1us,ring:2:1GB/s:1us"),
+        workload=Workload.FSDP,
+        model_bytes=1 << 20,
+        steps=3,
+        implementations=("torch", "hipipe"),  # type: ignore[arg-type]
+        output_path="/tmp/runs.json",
+    )
+    again = TrainingJob.from_dict(job.to_dict())
+    assert again.to_dict() == job.to_dict()
+    assert again.config().model == config_for_bytes(1 << 20)
+
+
+def test_torchrun_command_is_one_node_per_namespace() -> None:
+    layout = Layout(prefix="hpabcd", sizes=(2, 2), rates_bits_per_s=(1e8, 1e8))
+    host = torchrun_argv(
+        layout, 0, ["hipipe.training.worker", "job.json"], rendezvous_id="x", join_timeout_s=60
+    )
+    other = torchrun_argv(
+        layout, 3, ["hipipe.training.worker", "job.json"], rendezvous_id="x", join_timeout_s=60
+    )
+    assert host[:4] == ["ip", "netns", "exec", layout.rank_netns(0)]
+    assert other[:4] == ["ip", "netns", "exec", layout.rank_netns(3)]
+    endpoint = f"--rdzv-endpoint={layout.rank_address(0)}:{RENDEZVOUS_PORT}"
+    assert endpoint in host and endpoint in other
+    assert "--rdzv-conf=is_host=1,join_timeout=60" in host
+    assert "--rdzv-conf=is_host=0,join_timeout=60" in other
+    assert f"--local-addr={layout.rank_address(3)}" in other
+    assert "--nnodes=4" in other and "--node-rank=3" in other
+    assert f"GLOO_SOCKET_IFNAME={layout.rank_ifname(3)}" in other
+    assert other[-3:] == ["-m", "hipipe.training.worker", "job.json"]
+
+
+def _run_locally(tmp_path, workload: str, planner: str) -> dict:  # type: ignore[no-untyped-def]
+    """torchrun --standalone with 4 ranks on loopback: both implementations, 3 steps."""
+    import json
+    import subprocess
+    import sys
+
+    job = TrainingJob(
+        topology=load_topology("ring:2:1GB/s:1us,ring:2:1GB/s:1us"),
+        workload=workload,  # type: ignore[arg-type]
+        model_bytes=1 << 20,
+        steps=3,
+        implementations=("torch", "hipipe"),  # type: ignore[arg-type]
+        output_path=str(tmp_path / "runs.json"),
+        planner=planner,
+        timeout_s=60,
+    )
+    job_path = tmp_path / "job.json"
+    job_path.write_text(json.dumps(job.to_dict()))
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4"),
+            *("-m", "hipipe.training.worker", str(job_path)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return json.loads((tmp_path / "runs.json").read_text())  # type: ignore[no-any-return]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("workload", "planner"), [("ddp", "hipipe"), ("fsdp", "hierarchical")])
+def test_hipipe_trains_like_torch(tmp_path, workload: str, planner: str) -> None:  # type: ignore[no-untyped-def]
+    document = _run_locally(tmp_path, workload, planner)
+    assert document["format"] == "hipipe.training.runs"
+    torch_run, hipipe_run = document["rows"]
+    assert (torch_run["name"], hipipe_run["name"]) == ("torch", "hipipe")
+    assert torch_run["workload"] == hipipe_run["workload"] == workload
+    assert len(torch_run["losses"]) == len(hipipe_run["losses"]) == 3
+    for a, b in zip(torch_run["losses"], hipipe_run["losses"], strict=True):
+        assert b == pytest.approx(a, rel=1e-4)  # the same training, with other collectives
+    assert torch_run["losses"][0] > 5.0  # byte-level cross-entropy starts near ln(256) = 5.55
+    for run in (torch_run, hipipe_run):
+        assert len(run["step_times_s"]) == 3 and all(t > 0 for t in run["step_times_s"])
+        assert 0.0 <= run["communication_share"] < 1.0
