@@ -1,9 +1,10 @@
-"""``hipipe run``: all-reduce a real buffer with a schedule on torch.distributed.
+"""``hipipe run``: run a collective on a real buffer with a schedule on torch.distributed.
 
 Launched by ``torchrun`` (one node or many), or with ``--nproc N`` to start N local
-Gloo processes itself. Plans (or loads a schedule JSON), checks the result against
-``torch.distributed.all_reduce`` on the same data and prints time, algbw and busbw
-for both. A thin layer over :mod:`hipipe.torch.bench`; torch is imported only here.
+Gloo processes itself. Plans (or loads a schedule JSON) an AllReduce, ReduceScatter or
+AllGather (``--collective``), checks the result against torch's own collective
+(``all_reduce``, ``reduce_scatter_tensor``, ``all_gather_into_tensor``) on the same
+data and prints time, algbw and busbw for both. A thin layer over :mod:`hipipe.torch.bench`; torch is imported only here.
 """
 
 import argparse
@@ -19,17 +20,22 @@ from hipipe.cli.common import TOPOLOGY_HELP, check_output_path, stdout_console
 from hipipe.errors import HipipeError
 from hipipe.files import atomic_write_text
 from hipipe.planners import PLANNERS, plan
-from hipipe.schedule import Schedule
+from hipipe.schedule import Collective, Schedule
 from hipipe.topology_io import load_topology
 from hipipe.units import format_size, parse_size_bytes
 
 DEFAULT_PLANNER = "hipipe" if "hipipe" in PLANNERS else "pipelined"
+_TITLES = {
+    Collective.ALL_REDUCE: "AllReduce",
+    Collective.REDUCE_SCATTER: "ReduceScatter",
+    Collective.ALL_GATHER: "AllGather",
+}
 
 
 def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     parser = subparsers.add_parser(
         "run",
-        help="run a schedule on torch.distributed and compare with all_reduce",
+        help="run a schedule on torch.distributed and compare with torch's own collective",
         description="Run under torchrun, or pass --nproc N to start N local Gloo processes.",
     )
     parser.add_argument("topology", nargs="?", help=f"{TOPOLOGY_HELP} (not needed with --schedule)")
@@ -41,6 +47,12 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
         help=f"one of: {', '.join(PLANNERS)} (default: {DEFAULT_PLANNER})",
     )
     parser.add_argument("--chunks", type=int, default=None, help="force the number of chunks")
+    parser.add_argument(
+        "--collective",
+        choices=[c.value for c in Collective],
+        default=None,
+        help="what to run (default: all_reduce, or the --schedule file's own collective)",
+    )
     parser.add_argument("--nproc", type=int, default=None, help="start N local processes (else: torchrun)")
     parser.add_argument(
         "--dtype", default="float32", help="float32 (default), float64, float16, bfloat16, int64, int32"
@@ -67,6 +79,11 @@ def _schedule(args: argparse.Namespace) -> Schedule:
             raise HipipeError(
                 f"the schedule in {args.schedule} is for another topology than {args.topology!r}"
             )
+        if args.collective and Collective.parse(args.collective) is not schedule.collective:
+            raise HipipeError(
+                f"the schedule in {args.schedule} plans {schedule.collective.value}, not"
+                f" {args.collective}: drop --collective or plan a {args.collective} schedule"
+            )
         if args.size and parse_size_bytes(args.size) != schedule.message_bytes:
             raise HipipeError(
                 f"the schedule in {args.schedule} is for {schedule.message_bytes} bytes, not {args.size}"
@@ -75,7 +92,11 @@ def _schedule(args: argparse.Namespace) -> Schedule:
     if not args.topology or not args.size:
         raise HipipeError("give a topology and --size, or --schedule FILE")
     return plan(
-        load_topology(args.topology), parse_size_bytes(args.size), args.planner, num_chunks=args.chunks
+        load_topology(args.topology),
+        parse_size_bytes(args.size),
+        args.planner,
+        num_chunks=args.chunks,
+        collective=args.collective or Collective.ALL_REDUCE,
     )
 
 
@@ -126,15 +147,22 @@ def run(args: argparse.Namespace) -> int:
         _print_table(result, args.backend)
     if not result.verified:
         print(
-            f"hipipe: error: result differs from torch.distributed.all_reduce (max abs error {result.max_abs_error:g})",
+            f"hipipe: error: result differs from {_torch_name(result)} (max abs error {result.max_abs_error:g})",
             file=sys.stderr,
         )
         return 1
     return 0
 
 
+def _torch_name(result: Any) -> str:
+    from hipipe.torch.bench import TORCH_NAMES
+
+    return f"torch.distributed.{TORCH_NAMES[result.collective]}"
+
+
 def _as_dict(result: Any) -> dict[str, Any]:
     return {
+        "collective": result.collective.value,
         "world_size": result.world_size,
         "message_bytes": result.message_bytes,
         "dtype": result.dtype,
@@ -161,7 +189,8 @@ def _print_table(result: Any, backend: str) -> None:
 
     table = Table(
         title=(
-            f"AllReduce of {format_size(result.message_bytes)} {result.dtype} on {result.world_size} ranks"
+            f"{_TITLES[result.collective]} of {format_size(result.message_bytes)} {result.dtype}"
+            f" on {result.world_size} ranks"
             f" ({backend}), planner {result.planner}, {result.num_chunks} chunks"
         )
     )
@@ -182,7 +211,9 @@ def _print_table(result: Any, backend: str) -> None:
         f"planned makespan {result.planned_s * 1e3:.3f} ms under the topology's cost model"
         " (the network modelled, not necessarily this one)"
     )
-    console.print(f"result {verdict} torch.distributed.all_reduce (max abs error {result.max_abs_error:g})")
+    console.print(f"result {verdict} {_torch_name(result)} (max abs error {result.max_abs_error:g})")
+    factor = "2(N-1)/N" if result.collective is Collective.ALL_REDUCE else "(N-1)/N"
     console.print(
-        "time: mean of the slowest rank per iteration; algbw = size / time; busbw = algbw * 2(N-1)/N"
+        f"time: mean of the slowest rank per iteration; algbw = size / time; busbw = algbw * {factor}"
+        " (size: the full per-rank buffer)"
     )
