@@ -25,13 +25,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hipipe.errors import HipipeError
-from hipipe.planners import plan
-from hipipe.schedule import Schedule
 from hipipe.topology import Topology
 from hipipe.torch.collectives import ReduceOp
 from hipipe.torch.executor import HierarchicalAllReduce
 from hipipe.torch.groups import DEFAULT_TIMEOUT_S, dimension_groups
+from hipipe.torch.planning import plan_on_rank0
 
 
 @dataclass(kw_only=True)
@@ -70,24 +68,16 @@ class HipipeHookState:
     def executor_for(self, tensor: torch.Tensor) -> HierarchicalAllReduce:
         key = (tensor.numel(), tensor.dtype)
         if key not in self.executors:
-            # Rank 0 plans and sends the schedule: N ranks planning the same LP at once cost N times the CPU.
-            # If planning fails, every rank must hear it, not wait in the broadcast until the timeout.
-            payload: list[tuple[str, str] | None] = [None]
-            if dist.get_rank() == 0:
-                size_bytes = tensor.numel() * tensor.element_size()
-                try:
-                    schedule = plan(self.topology, size_bytes, self.planner, num_chunks=self.num_chunks)
-                    payload[0] = ("schedule", schedule.to_json())
-                except HipipeError as exc:
-                    payload[0] = ("error", str(exc))
-            dist.broadcast_object_list(payload, src=0)
-            assert payload[0] is not None
-            kind, text = payload[0]
-            if kind == "error":
-                raise HipipeError(f"planning a {tensor.numel()}-element gradient bucket failed: {text}")
+            schedule = plan_on_rank0(
+                self.topology,
+                tensor.numel() * tensor.element_size(),
+                planner=self.planner,
+                num_chunks=self.num_chunks,
+                what=f"a {tensor.numel()}-element gradient bucket",
+            )
             self.executors[key] = HierarchicalAllReduce(
                 None,
-                Schedule.from_json(text),
+                schedule,
                 groups=self.groups,
                 timeout_s=self.timeout_s,
                 check_peers=False,
