@@ -55,7 +55,7 @@ def test_model_runs_forward_and_backward() -> None:
 
 
 def test_training_config_refuses_too_few_steps() -> None:
-    with pytest.raises(HipipeError, match="at least 2 steps"):
+    with pytest.raises(HipipeError, match="at least 3 steps"):
         TrainingConfig(workload=Workload.DDP, model=config_for_bytes(1 << 20), steps=1)
 
 
@@ -63,13 +63,13 @@ def test_run_statistics_leave_the_first_step_out() -> None:
     run = TrainingRun(
         name="hipipe",  # type: ignore[arg-type]
         workload=Workload.FSDP,
-        step_times_s=(9.0, 2.0, 3.0, 4.0),
-        losses=(1.0, 0.9, 0.8, 0.7),
+        step_times_s=(9.0, 8.0, 2.0, 3.0, 4.0),
+        losses=(1.0, 0.9, 0.8, 0.7, 0.6),
         compute_step_s=1.5,
     )
-    assert run.median_step_s == 3.0  # median of 2, 3, 4: step 0 planned the schedules
+    assert run.median_step_s == 3.0  # median of 2, 3, 4: steps 0 and 1 planned the schedules
     assert run.communication_share == pytest.approx(0.5)
-    assert run.to_dict()["timed_from_step"] == 1
+    assert run.to_dict()["timed_from_step"] == 2
 
 
 def test_job_round_trips() -> None:

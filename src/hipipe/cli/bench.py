@@ -13,6 +13,7 @@ from datetime import datetime
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from hipipe.cli import bench_training
 from hipipe.cli.common import check_output_path, stderr_console, stdout_console
 from hipipe.files import atomic_write_text
 from hipipe.planners import PLANNERS
@@ -62,6 +63,7 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
         default=None,
         help="path prefix of the JSON and PNG files (default: hipipe-bench-<shape>-<time>)",
     )
+    bench_training.add_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -70,6 +72,9 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.workload is not None:
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)  # a plain `kill` still tears the testbed down
+        return bench_training.run_training(args)
     sizes = parse_shape(args.testbed)
     rates = parse_rates_bits_per_s(args.rates, len(sizes))
     messages = tuple(parse_sizes_bytes(args.size))
