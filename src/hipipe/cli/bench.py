@@ -16,16 +16,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from hipipe.cli.common import check_output_path, stderr_console, stdout_console
 from hipipe.files import atomic_write_text
 from hipipe.planners import PLANNERS
-from hipipe.testbed.bench import (
-    DEFAULT_PLANNERS,
-    BenchConfig,
-    describe_calibration,
-    describe_rates,
-    result_to_dict,
-    run_bench,
-    summary_tables,
-)
+from hipipe.report.bench import describe_calibration, describe_rates, result_to_dict, summary_tables
+from hipipe.testbed.bench import run_bench
 from hipipe.testbed.layout import TestbedError, parse_rates_bits_per_s, parse_shape
+from hipipe.testbed.results import DEFAULT_PLANNERS, BenchConfig
 from hipipe.testbed.shaping import require_host
 from hipipe.units import parse_sizes_bytes
 

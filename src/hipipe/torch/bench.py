@@ -2,15 +2,15 @@
 
 One function, :func:`measure`, runs on every rank: it builds the per-dim groups and the
 executor, checks the result against ``all_reduce`` on the same data, then times both
-the same way. Times follow nccl-tests: each iteration's time is the slowest rank's,
-averaged over iterations; ``algbw = M / t``, ``busbw = algbw * 2 (N-1) / N``
-(HIPIPE.md section 7). :func:`run_local` spawns the ranks itself (``--nproc``);
+the same way (:mod:`hipipe.torch.timing`, shared with the testbed and ``hipipe tune``).
+Times follow nccl-tests: each iteration's time is the slowest rank's, averaged over
+iterations here (the testbed and tuning report the median); ``algbw = M / t``,
+``busbw = algbw * 2 (N-1) / N`` (HIPIPE.md section 7). :func:`run_local` spawns the ranks itself (``--nproc``);
 :func:`run_from_env` joins a job started by ``torchrun``.
 """
 
 import os
 import statistics
-import time
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -23,6 +23,7 @@ from hipipe.torch.collectives import ReduceOp
 from hipipe.torch.executor import HierarchicalAllReduce, trace_to_schedule
 from hipipe.torch.groups import dimension_groups
 from hipipe.torch.launch import raise_on_failure, spawn
+from hipipe.torch.timing import timed_runs
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -106,20 +107,14 @@ def _data(rank: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _timed(fn: object, buffer: torch.Tensor, source: torch.Tensor, config: RunConfig) -> list[float]:
-    """Per iteration, the slowest rank's time: all ranks start together after a barrier."""
-    times: list[float] = []
-    for i in range(config.warmup + config.iterations):
-        buffer.copy_(source)
-        dist.barrier()
-        start = time.perf_counter()
-        fn(buffer)  # type: ignore[operator]
-        if buffer.is_cuda:
-            torch.cuda.synchronize(buffer.device)
-        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=buffer.device)
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-        if i >= config.warmup:
-            times.append(float(elapsed.item()))
-    return times
+    """Per timed iteration, the slowest rank's time (:mod:`hipipe.torch.timing`), from fresh data."""
+    return timed_runs(
+        lambda: fn(buffer),  # type: ignore[operator]
+        warmup=config.warmup,
+        repeats=config.iterations,
+        before=lambda index: buffer.copy_(source),
+        device=buffer.device,
+    )
 
 
 def measure(rank: int, world_size: int, config: RunConfig) -> RunResult:
