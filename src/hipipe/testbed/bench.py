@@ -43,7 +43,6 @@ from hipipe.testbed.protocol import (
     RunKey,
     RunResult,
     ScheduleTask,
-    Task,
     TorchTask,
     measured_schedule,
 )
@@ -200,7 +199,7 @@ def _run_plans(
     workdir: Path,
     progress: ProgressFn | None,
 ) -> tuple[list[BenchRow], list[tuple[str, Schedule]]]:
-    tasks: list[Task] = []
+    tasks: list[ScheduleTask | TorchTask] = []
     predicted: dict[RunKey, float] = {}
     schedules: dict[RunKey, Schedule] = {}
     tuned = {s.message_bytes: s for s in config.tuned}
@@ -224,13 +223,42 @@ def _run_plans(
             key = RunKey(planner=TORCH_NAME, message_bytes=message_bytes)
             predicted[key] = plan(topology, message_bytes, "ring").makespan_s
             tasks.append(TorchTask(key=key, warmup=config.warmup, repeats=config.repeats))
-    runs_per_task = config.warmup + config.repeats
-    total_runs = len(tasks) * runs_per_task
-    worst_s = max(predicted.values())
-    # Ranks wait for each other inside an op: a run may take several times its prediction
-    # on a loaded host, but a hang must still end.
+    results = run_tasks(layout, tasks, predicted, workdir=workdir, progress=progress)
+    rows: list[BenchRow] = []
+    traces: dict[RunKey, tuple[tuple[float, float], ...]] = {}
+    for event in results:
+        rows.append(
+            BenchRow(
+                name=event.key.planner,
+                message_bytes=event.key.message_bytes,
+                num_ranks=layout.num_ranks,
+                times_s=event.times_s,
+                predicted_s=predicted[event.key],
+            )
+        )
+        if event.op_times_s is not None:
+            traces[event.key] = event.op_times_s
+    return rows, _gantt_panels(config, schedules, traces)
+
+
+def run_tasks(
+    layout: Layout,
+    tasks: Sequence[ScheduleTask | TorchTask],
+    predicted_s: Mapping[RunKey, float],
+    *,
+    workdir: Path,
+    progress: ProgressFn | None = None,
+) -> list[RunResult]:
+    """Run measurement tasks in one job on a testbed that is up; one result per task, in order.
+
+    ``predicted_s`` (per task key) only sizes the timeouts: a run may take several times
+    its prediction on a loaded host, but a hang must still end.
+    """
+    runs_per_task = max((t.warmup + t.repeats for t in tasks), default=0)
+    total_runs = sum(t.warmup + t.repeats for t in tasks)
+    worst_s = max(predicted_s[t.key] for t in tasks)
     timeout_s = 60.0 + 10 * worst_s
-    deadline_s = 180.0 + 4 * sum(predicted.values()) * runs_per_task + 2 * timeout_s
+    deadline_s = 180.0 + 4 * sum(predicted_s[t.key] for t in tasks) * runs_per_task + 2 * timeout_s
     done = 0
 
     def on_event(event: Event) -> None:
@@ -245,23 +273,11 @@ def _run_plans(
     events = run_job(
         layout, tasks, workdir=workdir, timeout_s=timeout_s, deadline_s=deadline_s, on_event=on_event
     )
-    rows: list[BenchRow] = []
-    traces: dict[RunKey, tuple[tuple[float, float], ...]] = {}
-    for event in events:
-        if not isinstance(event, RunResult):
-            continue
-        rows.append(
-            BenchRow(
-                name=event.key.planner,
-                message_bytes=event.key.message_bytes,
-                num_ranks=layout.num_ranks,
-                times_s=event.times_s,
-                predicted_s=predicted[event.key],
-            )
-        )
-        if event.op_times_s is not None:
-            traces[event.key] = event.op_times_s
-    return rows, _gantt_panels(config, schedules, traces)
+    results = {e.key: e for e in events if isinstance(e, RunResult)}
+    missing = [t.key.describe() for t in tasks if t.key not in results]
+    if missing:
+        raise TestbedError(f"no result for {missing[0]} (logs in {workdir})")
+    return [results[t.key] for t in tasks]
 
 
 def _gantt_panels(

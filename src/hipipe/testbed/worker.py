@@ -47,18 +47,6 @@ def emit(event: Event) -> None:
     print(event_to_line(event), flush=True)
 
 
-def _check_sum(tensor: Any, world: int) -> None:
-    """Every rank filled ``rank + 1``: after an AllReduce every element is ``world (world+1) / 2``."""
-    import torch
-    import torch.distributed as dist
-
-    expected = world * (world + 1) / 2
-    flags = torch.tensor([int((tensor != expected).sum().item())], dtype=torch.int64)
-    dist.all_reduce(flags)
-    if int(flags.item()):
-        raise RuntimeError(f"wrong AllReduce result: {int(flags.item())} elements differ from {expected:g}")
-
-
 def _calibrate(task: CalibrateTask, job: Job, rank: int, groups: Any, store: Any) -> None:
     from hipipe.schedule import Schedule
     from hipipe.testbed.calibrate import measure_in_process, measure_overhead_in_process
@@ -88,11 +76,10 @@ def _measure(task: ScheduleTask | TorchTask, job: Job, rank: int, groups: Any) -
 
     from hipipe.schedule import Collective
     from hipipe.torch.bench import DTYPES
-    from hipipe.torch.timing import timed_runs
+    from hipipe.torch.timing import check_rank_sum, fill_for_check, timed_runs
 
     if task.collective is not Collective.ALL_REDUCE:
         raise ValueError(f"the testbed worker runs all_reduce only, not {task.collective.value}")
-    world = job.world_size
     tensor = torch.empty(task.key.message_bytes // DTYPES[task.dtype].itemsize, dtype=DTYPES[task.dtype])
     traces: list[Any] = []
     if isinstance(task, ScheduleTask):
@@ -113,7 +100,7 @@ def _measure(task: ScheduleTask | TorchTask, job: Job, rank: int, groups: Any) -
     def after(index: int, elapsed_s: float) -> None:
         warm = index < task.warmup
         if warm or index == last:
-            _check_sum(tensor, world)
+            check_rank_sum(tensor)
         if rank == 0:
             emit(RunDone(key=task.key, index=index, warmup=warm, time_s=elapsed_s))
 
@@ -121,7 +108,7 @@ def _measure(task: ScheduleTask | TorchTask, job: Job, rank: int, groups: Any) -
         run,
         warmup=task.warmup,
         repeats=task.repeats,
-        before=lambda index: tensor.fill_(float(rank + 1)),
+        before=lambda index: fill_for_check(tensor),
         after=after,
     )
     if rank == 0:
