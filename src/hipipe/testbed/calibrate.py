@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hipipe.errors import HipipeError
 from hipipe.schedule import Schedule
 from hipipe.testbed.fit import DEFAULT_CALIBRATION_SIZES_BYTES, Sample, fit_all, overhead_schedule
 from hipipe.testbed.layout import TestbedError
@@ -120,10 +121,23 @@ def calibrate_in_process(
 
 
 def share_from_rank0(make: Callable[[], str]) -> str:
-    """``make()`` on rank 0 only, its text on every rank (collective)."""
-    box: list[object] = [make() if dist.get_rank() == 0 else None]
+    """``make()`` on rank 0 only, its text on every rank (collective).
+
+    If ``make`` fails with a user error, every rank raises it, so the job ends with one
+    clear message instead of rank 0's error and the others' broken connections.
+    """
+    box: list[object] = [None]
+    if dist.get_rank() == 0:
+        try:
+            box[0] = ("ok", make())
+        except HipipeError as exc:
+            box[0] = ("error", str(exc))
     dist.broadcast_object_list(box, src=0)
-    return str(box[0])
+    shared = box[0]
+    assert isinstance(shared, tuple) and len(shared) == 2
+    if shared[0] != "ok":
+        raise TestbedError(str(shared[1]))
+    return str(shared[1])
 
 
 def _samples(dim: int, size_bytes: int, times: Sequence[float]) -> list[Sample]:
