@@ -19,7 +19,7 @@ from hipipe.files import atomic_write_text
 from hipipe.report.tune import tuning_table
 from hipipe.schedule import Collective
 from hipipe.tuning.cache import TunedEntry, read_cache, write_entry
-from hipipe.tuning.candidates import DEFAULT_BEST_FEW
+from hipipe.tuning.candidates import DEFAULT_BEST_FEW, check_measurable
 from hipipe.units import format_time, parse_size_bytes
 
 DEFAULT_CACHE = "hipipe-tuned.json"
@@ -70,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
     output = check_output_path(args.output)
     read_cache(cache)  # a corrupt cache fails now, not after minutes of measuring
     collective = Collective.parse(args.collective)
+    check_measurable(collective)
     message_bytes = parse_size_bytes(args.size)
     if args.repeats < 1 or args.warmup < 0 or args.best_few < 1:
         raise HipipeError("need --repeats >= 1, --warmup >= 0 and --best-few >= 1")

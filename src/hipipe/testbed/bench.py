@@ -55,10 +55,6 @@ ProgressFn = Callable[[int, int, str], None]
 """``(runs done, runs in all, what is running)``."""
 
 
-def _predicted_ring_s(topology: Topology, message_bytes: int) -> float:
-    return plan(topology, message_bytes, "ring").makespan_s
-
-
 def run_bench(
     config: BenchConfig,
     *,
