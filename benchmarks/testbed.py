@@ -29,18 +29,11 @@ from typing import Any
 from rich.console import Console
 
 from hipipe.files import atomic_write_bytes, atomic_write_text
+from hipipe.report.bench import render_markdown, result_to_dict, summary_tables
 from hipipe.report.gantt import render_gantt_png
-from hipipe.testbed.bench import (
-    THEMIS,
-    TORCH_NAME,
-    BenchConfig,
-    BenchResult,
-    render_markdown,
-    result_to_dict,
-    run_bench,
-    summary_tables,
-)
+from hipipe.testbed.bench import run_bench
 from hipipe.testbed.layout import parse_rates_bits_per_s, parse_shape
+from hipipe.testbed.results import THEMIS, TORCH_NAME, BenchConfig, BenchResult
 from hipipe.testbed.shaping import detect_host
 
 MIB = 1024**2

@@ -17,10 +17,10 @@ import pytest
 
 from hipipe.cli import main
 from hipipe.cost import op_time_s
+from hipipe.report.bench import result_to_dict
 from hipipe.simulator import simulate_chunks
 from hipipe.testbed import netns
-from hipipe.testbed.bench import THEMIS, TORCH_NAME, BenchConfig, BenchResult, BenchRow, result_to_dict
-from hipipe.testbed.calibrate import (
+from hipipe.testbed.fit import (
     Sample,
     calibrated_topology,
     calibration_sizes_bytes,
@@ -38,6 +38,7 @@ from hipipe.testbed.layout import (
     parse_rates_bits_per_s,
     parse_shape,
 )
+from hipipe.testbed.results import THEMIS, TORCH_NAME, BenchConfig, BenchResult, BenchRow
 from hipipe.testbed.shaping import HostCapabilities, KernelCapabilities, rank_tc_commands
 
 

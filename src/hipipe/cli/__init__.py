@@ -23,6 +23,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "testbed",
     "bench",
     "calibrate",
+    "tune",
 )
 """Subcommands in the order ``hipipe --help`` lists them."""
 

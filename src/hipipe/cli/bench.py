@@ -1,7 +1,8 @@
 """``hipipe bench``: run every planner and torch's all_reduce on an emulated testbed.
 
-Brings a testbed up, calibrates it, runs the plans, tears it down whatever happens,
-then prints one table per message size and writes ``<output>.json`` and
+Brings a testbed up, calibrates it, runs the plans (and with ``--tuned CACHE`` the
+schedule ``hipipe tune`` kept, as a ``hipipe-tuned`` row), tears it down whatever
+happens, then prints one table per message size and writes ``<output>.json`` and
 ``<output>.png`` (the measured Gantt of one hipipe run beside its plan).
 """
 
@@ -10,6 +11,7 @@ import json
 import signal
 import sys
 from datetime import datetime
+from pathlib import Path
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -17,18 +19,14 @@ from hipipe.cli import bench_training
 from hipipe.cli.common import check_output_path, stderr_console, stdout_console
 from hipipe.files import atomic_write_text
 from hipipe.planners import PLANNERS
-from hipipe.testbed.bench import (
-    DEFAULT_PLANNERS,
-    BenchConfig,
-    describe_calibration,
-    describe_rates,
-    result_to_dict,
-    run_bench,
-    summary_tables,
-)
-from hipipe.testbed.layout import TestbedError, parse_rates_bits_per_s, parse_shape
+from hipipe.report.bench import describe_calibration, describe_rates, result_to_dict, summary_tables
+from hipipe.schedule import Collective, Schedule
+from hipipe.testbed.bench import run_bench
+from hipipe.testbed.layout import TestbedError, nominal_topology, parse_rates_bits_per_s, parse_shape
+from hipipe.testbed.results import DEFAULT_PLANNERS, BenchConfig
 from hipipe.testbed.shaping import require_host
-from hipipe.units import parse_sizes_bytes
+from hipipe.tuning.cache import TuningError, load_tuned
+from hipipe.units import format_size, parse_sizes_bytes
 
 
 def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
@@ -56,6 +54,12 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
     parser.add_argument(
         "--gantt", default="hipipe", help="planner whose run the PNG draws (default: %(default)s)"
     )
+    parser.add_argument(
+        "--tuned",
+        metavar="CACHE",
+        default=None,
+        help="add a hipipe-tuned row: the schedule `hipipe tune` kept for this testbed and size",
+    )
     parser.add_argument("--rate-check-s", type=float, default=1.0, help="rate check per dimension, 0 to skip")
     parser.add_argument(
         "-o",
@@ -65,6 +69,25 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
     )
     bench_training.add_arguments(parser)
     parser.set_defaults(func=run)
+
+
+def _tuned(
+    cache: str, sizes: tuple[int, ...], rates: tuple[float, ...], messages: tuple[int, ...]
+) -> tuple[Schedule, ...]:
+    """The cached schedule for each size, keyed by the nominal testbed topology; all must be there."""
+    topology = nominal_topology(sizes, rates)
+    if not Path(cache).exists():
+        raise TuningError(f"tuning cache {cache!r} not found: run hipipe tune first")
+    out = []
+    for message_bytes in messages:
+        schedule = load_tuned(cache, topology, Collective.ALL_REDUCE, message_bytes, "float32")
+        if schedule is None:
+            raise TuningError(
+                f"{cache!r} has no float32 all_reduce of {format_size(message_bytes)} for {topology.name}"
+                f" at these rates: hipipe tune --testbed {'x'.join(map(str, sizes))} --size {message_bytes}"
+            )
+        out.append(schedule)
+    return tuple(out)
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:
@@ -84,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
         raise TestbedError(f"unknown planner {unknown[0]!r} (available: {', '.join(PLANNERS)})")
     output = args.output or f"hipipe-bench-{args.testbed}-{datetime.now():%Y%m%d-%H%M%S}"
     check_output_path(output + ".json")
+    tuned = _tuned(args.tuned, sizes, rates, messages) if args.tuned else ()
     config = BenchConfig(
         sizes=sizes,
         rates_bits_per_s=rates,
@@ -95,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
         calibrate=not args.no_calibrate,
         rate_check_s=args.rate_check_s,
         gantt_planner=args.gantt,
+        tuned=tuned,
     )
     require_host()
     try:

@@ -12,8 +12,8 @@ from hipipe.cli.common import check_output_path, stderr_console, stdout_console
 from hipipe.files import atomic_write_text
 from hipipe.planners import PLANNERS
 from hipipe.report.training import training_table, write_training_chart
-from hipipe.testbed.bench import DEFAULT_PLANNERS
 from hipipe.testbed.layout import TestbedError, parse_rates_bits_per_s, parse_shape
+from hipipe.testbed.results import DEFAULT_PLANNERS
 from hipipe.testbed.shaping import require_host
 from hipipe.testbed.training import TrainingBenchConfig, run_training_bench, training_result_to_dict
 from hipipe.training.train import Workload

@@ -14,13 +14,13 @@ from pathlib import Path
 
 from hipipe.cli.common import check_output_path, stdout_console
 from hipipe.files import atomic_write_text
-from hipipe.testbed.bench import describe_calibration
-from hipipe.testbed.calibrate import (
+from hipipe.report.bench import describe_calibration
+from hipipe.testbed.fit import (
     CONCURRENT_WINDOW_S,
     DEFAULT_CALIBRATION_SIZES_BYTES,
     OVERHEAD_PLANNER,
     Calibration,
-    calibration_from_event,
+    calibration_from_samples,
 )
 from hipipe.testbed.layout import TestbedError, parse_rates_bits_per_s, parse_shape
 from hipipe.topology_io import topology_to_yaml
@@ -131,7 +131,7 @@ def _under_torchrun(
         raise TestbedError("--shape is for runs under torchrun (RANK/WORLD_SIZE unset); use --testbed here")
     import torch.distributed as dist
 
-    from hipipe.testbed.calibrate import measure_in_process, measure_overhead_in_process
+    from hipipe.testbed.calibrate import calibrate_in_process
     from hipipe.torch.groups import dimension_groups
 
     sizes = parse_shape(args.shape)
@@ -140,37 +140,19 @@ def _under_torchrun(
     dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s))
     try:
         groups = dimension_groups(sizes, timeout_s=timeout_s)
-        samples = measure_in_process(
+        samples, overhead, overhead_times = calibrate_in_process(
             sizes,
             groups,
             sizes_bytes=sizes_bytes,
             repeats=args.repeats,
             timeout_s=timeout_s,
             concurrent_window_s=args.concurrent_s,
-        )
-        overhead_bytes = 0 if args.no_overhead else max(sizes_bytes) // 4 * 4
-        overhead_times = (
-            measure_overhead_in_process(
-                sizes,
-                groups,
-                samples,
-                message_bytes=overhead_bytes,
-                repeats=args.repeats,
-                timeout_s=timeout_s,
-            )
-            if overhead_bytes
-            else []
+            overhead_message_bytes=0 if args.no_overhead else max(sizes_bytes) // 4 * 4,
         )
         rank = dist.get_rank()
     finally:
         dist.destroy_process_group()
     if rank != 0:
         return None, ""
-    event = {
-        "samples": [
-            {"dim": s.dim, "phase": s.phase, "full_bytes": s.full_bytes, "time_s": s.time_s} for s in samples
-        ],
-        "overhead_message_bytes": overhead_bytes,
-        "overhead_times_s": overhead_times,
-    }
-    return calibration_from_event(sizes, event), f"torchrun world {args.shape}"
+    calibration = calibration_from_samples(sizes, samples, overhead=overhead, overhead_times_s=overhead_times)
+    return calibration, f"torchrun world {args.shape}"

@@ -1,4 +1,4 @@
-"""The emulated testbed: real AllReduce runs on an emulated multi-dimensional network.
+"""The emulated testbed: real collectives on an emulated multi-dimensional network.
 
 One Linux network namespace per rank, joined by a bridge in a private hub namespace;
 on each rank's veth, one htb class per dimension shapes what the rank sends to peers
@@ -8,8 +8,14 @@ before they open a socket and run the executor on Gloo (:mod:`~hipipe.testbed.wo
 Modules, in the order a ``hipipe bench`` uses them: :mod:`~hipipe.testbed.layout`
 (names, addresses, parsing; pure), :mod:`~hipipe.testbed.netns` (up/down, state file),
 :mod:`~hipipe.testbed.ratecheck` (socket goodput per dimension),
-:mod:`~hipipe.testbed.calibrate` (alpha-beta fit, per-op overhead),
+:mod:`~hipipe.testbed.protocol` (typed tasks and events between parent and workers),
 :mod:`~hipipe.testbed.launch` (workers and the parent's store),
-:mod:`~hipipe.testbed.bench` (the whole measurement and its report).
-Everything needs root and iproute2 except ``layout`` and the fits.
+:mod:`~hipipe.testbed.calibrate` (rank side: ring RS/AG timings, torch),
+:mod:`~hipipe.testbed.fit` (alpha-beta fit, per-op overhead; pure),
+:mod:`~hipipe.testbed.bench` (the orchestration) filling :mod:`~hipipe.testbed.results`,
+which :mod:`hipipe.report.bench` renders. Every time on a rank is the slowest rank's,
+measured by :mod:`hipipe.torch.timing`.
+
+The parent never imports torch except to own the rendezvous store; ``layout``,
+``protocol``, ``fit`` and ``results`` are pure. Everything else needs root and iproute2.
 """

@@ -6,26 +6,29 @@ their veths and the host's own namespace never listens on anything. Workers are
 separate processes (``python -m hipipe.testbed.worker``), each in its own session so
 a Ctrl-C reaches only the parent, which then stops them by pid.
 
-Rank 0's stdout carries JSON events (progress, results); every rank's stderr goes to
-a log file whose last line becomes the error message if the rank fails. The first
-failing rank stops the run: the others are killed instead of waiting for a timeout.
+Rank 0's stdout carries typed events (:mod:`hipipe.testbed.protocol`); every rank's
+stderr goes to a log file whose last line becomes the error message if the rank fails.
+The first failing rank stops the run: the others are killed instead of waiting for a
+timeout. An event handler may answer an event with store entries the workers wait for
+(the calibration's overhead schedule): the parent publishes them in its store.
 """
 
-import json
 import queue
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from hipipe.files import atomic_write_text
 from hipipe.testbed.layout import Layout, TestbedError
 from hipipe.testbed.nsenter import enter_netns
-from hipipe.testbed.worker import EVENT_MARK
+from hipipe.testbed.protocol import Event, Job, Task, event_from_line, job_to_json
 
-EventHandler = Callable[[dict[str, Any]], None]
+EventHandler = Callable[[Event], Mapping[str, str] | None]
+"""Sees each event of rank 0; may return ``{store key: text}`` for the workers to read."""
 
 
 def start_store(layout: Layout, timeout_s: float) -> Any:
@@ -57,10 +60,14 @@ def start_store(layout: Layout, timeout_s: float) -> Any:
     return box["store"]
 
 
-def _pump(stream: IO[str], events: "queue.Queue[dict[str, Any] | None]") -> None:
-    for line in stream:
-        if line.startswith(EVENT_MARK):
-            events.put(json.loads(line[len(EVENT_MARK) :]))
+def _pump(stream: IO[str], events: "queue.Queue[Event | BaseException | None]") -> None:
+    try:
+        for line in stream:
+            event = event_from_line(line)
+            if event is not None:
+                events.put(event)
+    except Exception as exc:  # a malformed event line: report it instead of hanging
+        events.put(exc)
     events.put(None)
 
 
@@ -87,32 +94,31 @@ def _stop(processes: list[subprocess.Popen[str]]) -> None:
 
 def run_job(
     layout: Layout,
-    tasks: list[dict[str, Any]],
+    tasks: Sequence[Task],
     *,
     workdir: Path,
     timeout_s: float,
     deadline_s: float,
     on_event: EventHandler | None = None,
-) -> list[dict[str, Any]]:
+) -> list[Event]:
     """Run ``tasks`` on every rank; return rank 0's events. ``deadline_s`` bounds the whole job."""
     workdir.mkdir(parents=True, exist_ok=True)
     store = start_store(layout, timeout_s)
-    job = {
-        "netns": [layout.rank_netns(r) for r in range(layout.num_ranks)],
-        "ifnames": [layout.rank_ifname(r) for r in range(layout.num_ranks)],
-        "store_host": layout.hub_address,
-        "store_port": store.port,
-        "world_size": layout.num_ranks,
-        "sizes": list(layout.sizes),
-        "timeout_s": timeout_s,
-        "tasks": tasks,
-    }
+    job = Job(
+        netns=tuple(layout.rank_netns(r) for r in range(layout.num_ranks)),
+        ifnames=tuple(layout.rank_ifname(r) for r in range(layout.num_ranks)),
+        store_host=layout.hub_address,
+        store_port=int(store.port),
+        sizes=layout.sizes,
+        timeout_s=timeout_s,
+        tasks=tuple(tasks),
+    )
     job_path = workdir / "job.json"
-    job_path.write_text(json.dumps(job, indent=1))
+    atomic_write_text(job_path, job_to_json(job))
     processes: list[subprocess.Popen[str]] = []
     logs = [workdir / f"rank{r}.log" for r in range(layout.num_ranks)]
-    events: queue.Queue[dict[str, Any] | None] = queue.Queue()
-    collected: list[dict[str, Any]] = []
+    events: queue.Queue[Event | BaseException | None] = queue.Queue()
+    collected: list[Event] = []
     try:
         for rank in range(layout.num_ranks):
             with logs[rank].open("w") as log:
@@ -147,12 +153,15 @@ def run_job(
                 event = events.get(timeout=0.2)
             except queue.Empty:
                 continue
+            if isinstance(event, BaseException):
+                raise TestbedError(f"unreadable worker event: {event} (logs in {workdir})")
             if event is None:
                 finished = True
                 continue
             collected.append(event)
             if on_event is not None:
-                on_event(event)
+                for key, text in (on_event(event) or {}).items():
+                    store.set(key, text)
     finally:
         _stop(processes)
         del store

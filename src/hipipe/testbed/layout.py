@@ -15,6 +15,7 @@ inside the testbed's own namespaces (no route leaves them).
 import math
 import re
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hipipe.errors import HipipeError
@@ -205,22 +206,28 @@ class Layout:
         return min(differing, key=lambda k: (self.rates_bits_per_s[k], k))
 
     def nominal_topology(self) -> Topology:
-        """The topology the testbed emulates, at its nominal rates and zero latency.
+        """The topology the testbed emulates (:func:`nominal_topology`)."""
+        return nominal_topology(self.sizes, self.rates_bits_per_s)
 
-        Each dimension is a switch (the hub bridge) running the ring algorithm, as the
-        executor's per-dimension ring collectives do. :mod:`hipipe.testbed.calibrate`
-        measures the real latency and bandwidth.
-        """
-        return Topology(
-            dims=tuple(
-                Dimension(
-                    kind=Kind.SWITCH,
-                    size=size,
-                    bandwidth_bytes_per_s=rate / 8,
-                    latency_s=0.0,
-                    algorithm=Algorithm.RING,
-                )
-                for size, rate in zip(self.sizes, self.rates_bits_per_s, strict=True)
-            ),
-            name=f"testbed-{self.shape}",
-        )
+
+def nominal_topology(sizes: Sequence[int], rates_bits_per_s: Sequence[float]) -> Topology:
+    """The topology a testbed of this shape and rates emulates, at its nominal rates and zero latency.
+
+    Each dimension is a switch (the hub bridge) running the ring algorithm, as the
+    executor's per-dimension ring collectives do. :mod:`hipipe.testbed.calibrate`
+    measures the real latency and bandwidth. Known before any testbed is up, so a
+    tuning cache can be keyed by it.
+    """
+    return Topology(
+        dims=tuple(
+            Dimension(
+                kind=Kind.SWITCH,
+                size=size,
+                bandwidth_bytes_per_s=rate / 8,
+                latency_s=0.0,
+                algorithm=Algorithm.RING,
+            )
+            for size, rate in zip(sizes, rates_bits_per_s, strict=True)
+        ),
+        name=f"testbed-{'x'.join(str(s) for s in sizes)}",
+    )

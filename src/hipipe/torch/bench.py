@@ -3,17 +3,18 @@
 One function, :func:`measure`, runs on every rank: it builds the per-dim groups and the
 executor, checks the result against torch's collective of the schedule's kind
 (``all_reduce``, ``reduce_scatter_tensor``, ``all_gather_into_tensor``) on the same
-data, then times both the same way. Times follow nccl-tests: each iteration's time is
-the slowest rank's, averaged over iterations; ``algbw = M / t`` with M the full
-per-rank buffer, ``busbw = algbw * 2 (N-1) / N`` for AllReduce and ``algbw * (N-1) / N``
-for ReduceScatter and AllGather (HIPIPE.md section 7). :func:`run_local` spawns the ranks itself (``--nproc``);
+data, then times both the same way (:mod:`hipipe.torch.timing`, shared with the testbed
+and ``hipipe tune``). Times follow nccl-tests: each iteration's time is the slowest
+rank's, averaged over iterations here (the testbed and tuning report the median);
+``algbw = M / t`` with M the full per-rank buffer, ``busbw = algbw * 2 (N-1) / N`` for
+AllReduce and ``algbw * (N-1) / N`` for ReduceScatter and AllGather (docs/MODEL.md).
+:func:`run_local` spawns the ranks itself (``--nproc``);
 :func:`run_from_env` joins a job started by ``torchrun``.
 """
 
 import functools
 import os
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -27,6 +28,7 @@ from hipipe.torch.collectives import ReduceOp
 from hipipe.torch.executor import HierarchicalCollective, Trace, trace_to_schedule
 from hipipe.torch.groups import dimension_groups
 from hipipe.torch.launch import raise_on_failure, spawn
+from hipipe.torch.timing import timed_runs
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -206,20 +208,10 @@ def _prepare(buffers: _Buffers, out: torch.Tensor, collective: Collective) -> No
 def _timed(
     fn: Callable[[], object], prepare: Callable[[], None], config: RunConfig, device: torch.device
 ) -> list[float]:
-    """Per iteration, the slowest rank's time: all ranks start together after a barrier."""
-    times: list[float] = []
-    for i in range(config.warmup + config.iterations):
-        prepare()
-        dist.barrier()
-        start = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=device)
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-        if i >= config.warmup:
-            times.append(float(elapsed.item()))
-    return times
+    """Per timed iteration, the slowest rank's time (:mod:`hipipe.torch.timing`), from fresh data."""
+    return timed_runs(
+        fn, warmup=config.warmup, repeats=config.iterations, before=lambda index: prepare(), device=device
+    )
 
 
 def _worst_errors(

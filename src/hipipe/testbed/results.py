@@ -1,0 +1,123 @@
+"""The result model of a testbed benchmark: what was asked, what was measured. Torch-free.
+
+:mod:`hipipe.testbed.bench` fills it; :mod:`hipipe.report.bench` renders it (terminal,
+markdown, JSON); :mod:`hipipe.tuning` reads measured rows the same way.
+"""
+
+import math
+import statistics
+from dataclasses import dataclass, field
+
+from hipipe.cost import busbw_bytes_per_s
+from hipipe.schedule import Schedule
+from hipipe.testbed.fit import CONCURRENT_WINDOW_S, Calibration
+from hipipe.testbed.layout import TestbedError
+from hipipe.testbed.ratecheck import DimRate
+from hipipe.topology import Topology
+
+TORCH_NAME = "torch.distributed.all_reduce"
+"""Row name of the reference; its prediction is the flat ``ring`` model (Gloo runs a ring)."""
+
+THEMIS = "themis"
+
+TUNED_NAME = "hipipe-tuned"
+"""Row name of the schedule ``hipipe tune`` kept (:class:`BenchConfig` ``tuned``)."""
+
+DEFAULT_PLANNERS: tuple[str, ...] = ("hipipe", "themis", "pipelined", "hierarchical")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BenchConfig:
+    """Everything one ``hipipe bench`` run needs; defaults are the CLI's."""
+
+    sizes: tuple[int, ...]
+    rates_bits_per_s: tuple[float, ...]
+    messages_bytes: tuple[int, ...]
+    planners: tuple[str, ...] = DEFAULT_PLANNERS
+    include_torch: bool = True
+    warmup: int = 1
+    repeats: int = 3
+    calibrate: bool = True
+    calibration_sizes_bytes: tuple[int, ...] | None = None
+    """None: :func:`calibration_sizes_bytes` of the rates."""
+    calibration_repeats: int = 3
+    calibration_concurrent_s: float = CONCURRENT_WINDOW_S
+    calibrate_overhead: bool = True
+    """Also measure the per-op overhead inside a pipelined run (:func:`fit_op_overhead_s`)."""
+    """Window of the concurrent calibration pass (every dimension busy); 0: isolated only."""
+    rate_check_s: float = 1.0
+    """Seconds of rate check per dimension before the runs; 0 skips it."""
+    gantt_planner: str = "hipipe"
+    tuned: tuple[Schedule, ...] = ()
+    """Schedules from a tuning cache, one per message size: each adds a :data:`TUNED_NAME` row."""
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1 or self.warmup < 0:
+            raise TestbedError("need repeats >= 1 and warmup >= 0")
+        if not self.messages_bytes or any(m % 4 or m <= 0 for m in self.messages_bytes):
+            raise TestbedError("message sizes must be positive multiples of 4 bytes (float32 elements)")
+        if not self.planners and not self.include_torch and not self.tuned:
+            raise TestbedError("nothing to run: no planner and no torch reference")
+        tuned_sizes = sorted(s.message_bytes for s in self.tuned)
+        if self.tuned and tuned_sizes != sorted(self.messages_bytes):
+            raise TestbedError("give one tuned schedule per message size")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BenchRow:
+    """One planner (or the torch reference) at one message size."""
+
+    name: str
+    message_bytes: int
+    num_ranks: int
+    times_s: tuple[float, ...]
+    predicted_s: float
+    """The plan's makespan on the calibrated topology (torch: the flat ring model)."""
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.times_s)
+
+    @property
+    def min_s(self) -> float:
+        return min(self.times_s)
+
+    @property
+    def max_s(self) -> float:
+        return max(self.times_s)
+
+    @property
+    def busbw_bytes_per_s(self) -> float:
+        return busbw_bytes_per_s(self.message_bytes, self.median_s, self.num_ranks)
+
+    @property
+    def measured_over_predicted(self) -> float:
+        return self.median_s / self.predicted_s if self.predicted_s > 0 else math.nan
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BenchResult:
+    config: BenchConfig
+    prefix: str
+    kernel: str
+    rates: tuple[DimRate, ...]
+    calibration: Calibration | None
+    topology: Topology
+    rows: tuple[BenchRow, ...]
+    gantt_panels: tuple[tuple[str, Schedule], ...] = field(default=())
+    wall_s: float = 0.0
+    load_average: tuple[float, float] = (0.0, 0.0)
+    """1-minute load average before and after: other work on the host skews a measurement."""
+
+    def row(self, name: str, message_bytes: int) -> BenchRow | None:
+        """The row of ``name`` at ``message_bytes``; None if it was not run."""
+        return next((r for r in self.rows if r.name == name and r.message_bytes == message_bytes), None)
+
+    def reduction(self, name: str, reference: str, message_bytes: int, *, simulated: bool = False) -> float:
+        """``1 - t / t_reference`` (measured medians, or predictions); NaN if either is missing."""
+        mine, ref = self.row(name, message_bytes), self.row(reference, message_bytes)
+        if mine is None or ref is None:
+            return math.nan
+        if simulated:
+            return 1.0 - mine.predicted_s / ref.predicted_s
+        return 1.0 - mine.median_s / ref.median_s

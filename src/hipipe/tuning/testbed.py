@@ -1,0 +1,144 @@
+"""``hipipe tune`` on the emulated testbed: measure the candidates, keep the fastest.
+
+Brings a testbed up, calibrates it (so hipipe plans on what the network delivers),
+plans the candidates (:func:`~hipipe.tuning.candidates.tuning_candidates`) once here,
+runs each with warm-up and timed repeats through the same worker job as ``hipipe
+bench`` (every time the slowest rank's), picks the smallest median and tears the
+testbed down whatever happens. The cache key names the *nominal* testbed topology
+(shape and rates): that is what a later ``hipipe bench --tuned`` or run knows before
+anything is measured; the calibrated one changes with every calibration.
+"""
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from hipipe.schedule import Collective
+from hipipe.testbed import netns
+from hipipe.testbed.bench import ProgressFn, calibrate_testbed, run_tasks
+from hipipe.testbed.fit import Calibration
+from hipipe.testbed.layout import TestbedError, format_rate, nominal_topology
+from hipipe.testbed.protocol import DTYPE_BYTES, RunKey, ScheduleTask
+from hipipe.testbed.ratecheck import check_rates
+from hipipe.topology import Topology
+from hipipe.tuning.cache import TunedEntry, TuningKey
+from hipipe.tuning.candidates import (
+    DEFAULT_BEST_FEW,
+    Candidate,
+    check_measurable,
+    tuned_entry,
+    tuning_candidates,
+)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TuneConfig:
+    """One ``hipipe tune --testbed`` run; defaults are the CLI's."""
+
+    sizes: tuple[int, ...]
+    rates_bits_per_s: tuple[float, ...]
+    message_bytes: int
+    collective: Collective = Collective.ALL_REDUCE
+    dtype: str = "float32"
+    warmup: int = 1
+    repeats: int = 3
+    best_few: int = DEFAULT_BEST_FEW
+    calibrate: bool = True
+    calibration_sizes_bytes: tuple[int, ...] | None = None
+    calibration_repeats: int = 3
+    rate_check_s: float = 0.0
+    """Seconds of rate check per dimension first; 0 skips it."""
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1 or self.warmup < 0:
+            raise TestbedError("need repeats >= 1 and warmup >= 0")
+        if self.dtype not in DTYPE_BYTES:
+            raise TestbedError(f"unknown dtype {self.dtype!r} (use {', '.join(DTYPE_BYTES)})")
+        if self.message_bytes <= 0 or self.message_bytes % DTYPE_BYTES[self.dtype]:
+            raise TestbedError(f"{self.message_bytes} bytes is not a whole number of {self.dtype} elements")
+        check_measurable(self.collective)
+
+    @property
+    def topology(self) -> Topology:
+        """The nominal testbed topology: the cache key's."""
+        return nominal_topology(self.sizes, self.rates_bits_per_s)
+
+    def source(self) -> str:
+        rates = ",".join(format_rate(r) for r in self.rates_bits_per_s)
+        return f"testbed {'x'.join(str(s) for s in self.sizes)} at {rates}"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TuneResult:
+    entry: TunedEntry
+    candidates: tuple[Candidate, ...]
+    planned_on: Topology
+    """The topology the candidates were planned on (calibrated, or nominal)."""
+    calibration: Calibration | None
+    prefix: str
+
+
+def tune_on_testbed(
+    config: TuneConfig,
+    *,
+    progress: ProgressFn | None = None,
+    workdir: Path | None = None,
+    state_dir: Path = netns.DEFAULT_STATE_DIR,
+    prefix: str | None = None,
+) -> TuneResult:
+    """Up, (rate check), calibrate, plan the candidates, measure them, down (always)."""
+    workdir = workdir or Path(tempfile.mkdtemp(prefix="hipipe-tune-"))
+    testbed = netns.up(config.sizes, config.rates_bits_per_s, prefix=prefix, state_dir=state_dir)
+    layout = testbed.layout
+    try:
+        if config.rate_check_s > 0:
+            if progress:
+                progress(0, 1, "rate check")
+            check_rates(layout, duration_s=config.rate_check_s, warmup_s=0.3)
+        calibration = None
+        topology = layout.nominal_topology()
+        if config.calibrate:
+            calibration = calibrate_testbed(
+                layout,
+                sizes_bytes=config.calibration_sizes_bytes,
+                repeats=config.calibration_repeats,
+                workdir=workdir / "calibrate",
+                progress=progress,
+            )
+            topology = calibration.topology(name=f"testbed-{layout.shape}-calibrated")
+        if progress:
+            progress(0, 1, "planning the candidates")
+        candidates = tuning_candidates(
+            topology, config.message_bytes, collective=config.collective, best_few=config.best_few
+        )
+        tasks = [
+            ScheduleTask(
+                key=RunKey(planner=c.name, message_bytes=config.message_bytes),
+                schedule=c.schedule,
+                warmup=config.warmup,
+                repeats=config.repeats,
+                dtype=config.dtype,
+                collective=config.collective,
+            )
+            for c in candidates
+        ]
+        predicted = {t.key: t.schedule.makespan_s for t in tasks}
+        results = run_tasks(layout, tasks, predicted, workdir=workdir / "tune", progress=progress)
+    finally:
+        netns.down(layout.prefix, state_dir=state_dir)
+    key = TuningKey.of(config.topology, config.collective, config.message_bytes, config.dtype)
+    entry = tuned_entry(
+        key,
+        candidates,
+        {r.key.planner: r.times_s for r in results},
+        warmup=config.warmup,
+        source=config.source(),
+        topology_name=config.topology.name,
+    )
+    return TuneResult(
+        entry=entry,
+        candidates=tuple(candidates),
+        planned_on=topology,
+        calibration=calibration,
+        prefix=layout.prefix,
+    )
