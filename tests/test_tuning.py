@@ -335,3 +335,33 @@ def test_hipipe_tune_under_torchrun_writes_the_measured_fastest(tmp_path: Path) 
     assert names == [c.name for c in tuning_candidates(topology, 64 * 1024, best_few=2)]
     assert entry.chosen == select_fastest(entry.measurements).name
     assert Schedule.from_json((tmp_path / "kept.json").read_text()) == entry.schedule
+
+
+# --- using the cache: hipipe run --tuned -------------------------------------------------
+
+
+def test_run_refuses_a_cache_without_the_entry_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cache = tmp_path / "tuned.json"
+    write_entry(cache, _entry())
+    run = ["run", SPEC, "--nproc", "4", "--tuned", str(cache)]
+    assert main([*run, "--size", "2MiB"]) == 2  # the cache knows 1 MiB only
+    assert main([*run, "--size", "1MiB", "--schedule", str(cache)]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 2 and all(line.startswith("hipipe: error:") for line in lines), lines
+    assert "has no tuned all_reduce of 2MiB (float32)" in lines[0]
+    assert "not both" in lines[1]
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_run_with_tuned_runs_the_cached_schedule(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("torch")
+    cache = tmp_path / "tuned.json"
+    entry = _entry()
+    write_entry(cache, entry)
+    assert main(["run", SPEC, "--size", "1MiB", "--nproc", "4", "--tuned", str(cache), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["verified"] and result["planner"] == "themis"  # hipipe run's default planner is hipipe
+    assert result["num_chunks"] == entry.schedule.num_chunks

@@ -48,6 +48,11 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
     )
     parser.add_argument("--chunks", type=int, default=None, help="force the number of chunks")
     parser.add_argument(
+        "--tuned",
+        metavar="CACHE",
+        help="run the schedule `hipipe tune` kept in CACHE for this topology, collective, size and dtype",
+    )
+    parser.add_argument(
         "--collective",
         choices=[c.value for c in Collective],
         default=None,
@@ -73,6 +78,8 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 def _schedule(args: argparse.Namespace) -> Schedule:
+    if args.schedule and args.tuned:
+        raise HipipeError("give --schedule FILE or --tuned CACHE, not both")
     if args.schedule:
         schedule = Schedule.from_json(Path(args.schedule).read_text())
         if args.topology and load_topology(args.topology).sizes != schedule.topology.sizes:
@@ -91,6 +98,19 @@ def _schedule(args: argparse.Namespace) -> Schedule:
         return schedule
     if not args.topology or not args.size:
         raise HipipeError("give a topology and --size, or --schedule FILE")
+    if args.tuned:
+        from hipipe.tuning.cache import load_tuned
+
+        collective = Collective.parse(args.collective or Collective.ALL_REDUCE)
+        tuned = load_tuned(
+            args.tuned, load_topology(args.topology), collective, parse_size_bytes(args.size), args.dtype
+        )
+        if tuned is None:
+            raise HipipeError(
+                f"{args.tuned} has no tuned {collective.value} of {args.size} ({args.dtype}) for this"
+                " topology: run hipipe tune for it first, or drop --tuned"
+            )
+        return tuned
     return plan(
         load_topology(args.topology),
         parse_size_bytes(args.size),

@@ -17,7 +17,6 @@ import queue
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -25,6 +24,7 @@ from typing import IO, Any
 from hipipe.files import atomic_write_text
 from hipipe.testbed.layout import Layout, TestbedError
 from hipipe.testbed.nsenter import enter_netns
+from hipipe.testbed.processes import follow_processes, stop_processes
 from hipipe.testbed.protocol import Event, Job, Task, event_from_line, job_to_json
 
 EventHandler = Callable[[Event], Mapping[str, str] | None]
@@ -71,27 +71,6 @@ def _pump(stream: IO[str], events: "queue.Queue[Event | BaseException | None]") 
     events.put(None)
 
 
-def _last_line(path: Path) -> str:
-    try:
-        lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
-    except OSError:
-        return ""
-    return lines[-1].strip() if lines else ""
-
-
-def _stop(processes: list[subprocess.Popen[str]]) -> None:
-    for proc in processes:
-        if proc.poll() is None:
-            proc.terminate()
-    deadline = time.monotonic() + 3.0
-    for proc in processes:
-        try:
-            proc.wait(timeout=max(0.05, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 def run_job(
     layout: Layout,
     tasks: Sequence[Task],
@@ -134,34 +113,19 @@ def run_job(
                 )
         assert processes[0].stdout is not None
         threading.Thread(target=_pump, args=(processes[0].stdout, events), daemon=True).start()
-        end = time.monotonic() + deadline_s
-        finished = False
-        while True:
-            failed = [r for r, p in enumerate(processes) if p.poll() not in (None, 0)]
-            if failed:
-                time.sleep(0.3)  # let the first failure's peers report theirs too
-                first = min(failed, key=lambda r: logs[r].stat().st_mtime)
-                reason = (
-                    _last_line(logs[first]) or f"rank {first} exited with code {processes[first].returncode}"
-                )
-                raise TestbedError(f"worker failed: {reason} (logs in {workdir})")
-            if finished and all(p.poll() == 0 for p in processes):
-                return collected
-            if time.monotonic() > end:
-                raise TestbedError(f"the run did not finish within {deadline_s:.0f} s (logs in {workdir})")
-            try:
-                event = events.get(timeout=0.2)
-            except queue.Empty:
-                continue
-            if isinstance(event, BaseException):
-                raise TestbedError(f"unreadable worker event: {event} (logs in {workdir})")
-            if event is None:
-                finished = True
-                continue
+
+        publish = store.set  # answers to an event reach the workers through the store
+
+        def on_item(event: Event) -> None:
             collected.append(event)
             if on_event is not None:
                 for key, text in (on_event(event) or {}).items():
-                    store.set(key, text)
+                    publish(key, text)
+
+        follow_processes(
+            processes, logs, events, deadline_s=deadline_s, workdir=workdir, label="rank", on_event=on_item
+        )
+        return collected
     finally:
-        _stop(processes)
+        stop_processes(processes)
         del store

@@ -18,13 +18,13 @@ import queue
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from hipipe.testbed.layout import Layout, TestbedError
+from hipipe.testbed.layout import Layout
 from hipipe.testbed.netns import kill_netns_processes
+from hipipe.testbed.processes import follow_processes, stop_processes
 
 RENDEZVOUS_PORT = 29400
 """Inside node 0's namespace: nothing else listens there, and the host's ports are untouched."""
@@ -76,15 +76,6 @@ def _pump(stream: IO[str], mark: str, log: IO[str], events: "queue.Queue[dict[st
     events.put(None)
 
 
-def _last_line(path: Path) -> str:
-    try:
-        lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
-    except OSError:
-        return ""
-    errors = [line for line in lines if line.startswith("rank ")]
-    return (errors or lines or [""])[-1].strip()
-
-
 def run_torchrun_job(
     layout: Layout,
     module_argv: Sequence[str],
@@ -121,43 +112,25 @@ def run_torchrun_job(
         threading.Thread(
             target=_pump, args=(processes[0].stdout, event_mark, handles[0], events), daemon=True
         ).start()
-        end = time.monotonic() + deadline_s
-        finished = False
-        while True:
-            failed = [n for n, p in enumerate(processes) if p.poll() not in (None, 0)]
-            if failed:
-                time.sleep(0.5)  # let the peers of the first failure report theirs too
-                for handle in handles:
-                    handle.flush()
-                first = min(failed, key=lambda n: logs[n].stat().st_mtime)
-                reason = (
-                    _last_line(logs[first]) or f"node {first} exited with code {processes[first].returncode}"
-                )
-                raise TestbedError(f"node {first} failed: {reason} (logs in {workdir})")
-            if finished and all(p.poll() == 0 for p in processes):
-                return collected
-            if time.monotonic() > end:
-                raise TestbedError(f"the job did not finish within {deadline_s:.0f} s (logs in {workdir})")
-            try:
-                event = events.get(timeout=0.2)
-            except queue.Empty:
-                continue
-            if event is None:
-                finished = True
-                continue
+
+        def on_item(event: dict[str, Any]) -> None:
             collected.append(event)
             if on_event is not None:
                 on_event(event)
+
+        follow_processes(
+            processes,
+            logs,
+            events,
+            deadline_s=deadline_s,
+            workdir=workdir,
+            label="node",
+            on_event=on_item,
+            prefer=r"rank \d+: ",  # the worker's one-line error, not torchrun's summary after it
+        )
+        return collected
     finally:
-        for proc in processes:
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in processes:
-            try:
-                proc.wait(timeout=3.0)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_processes(processes)
         for node in range(layout.num_ranks):
             kill_netns_processes(layout.rank_netns(node))  # torchrun's workers live in their own sessions
         for handle in handles:

@@ -41,6 +41,8 @@ class HipipeHookState:
     groups: Sequence[Any]
     timeout_s: float = DEFAULT_TIMEOUT_S
     num_chunks: int | None = None
+    tuned_cache: str | None = None
+    """A ``hipipe tune`` cache: buckets it knows run their measured-fastest schedule."""
     executors: dict[tuple[int, torch.dtype], HierarchicalAllReduce] = field(default_factory=dict)
     """One executor per bucket (length, dtype), planned the first time the bucket is seen."""
     worker: ThreadPoolExecutor = field(
@@ -57,12 +59,18 @@ class HipipeHookState:
         groups: Sequence[Any] | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         num_chunks: int | None = None,
+        tuned_cache: str | None = None,
     ) -> "HipipeHookState":
         """Make the per-dim groups (collective) unless given."""
         if groups is None:
             groups = dimension_groups(topology.sizes, timeout_s=timeout_s)
         return cls(
-            topology=topology, planner=planner, groups=groups, timeout_s=timeout_s, num_chunks=num_chunks
+            topology=topology,
+            planner=planner,
+            groups=groups,
+            timeout_s=timeout_s,
+            num_chunks=num_chunks,
+            tuned_cache=tuned_cache,
         )
 
     def executor_for(self, tensor: torch.Tensor) -> HierarchicalAllReduce:
@@ -74,6 +82,8 @@ class HipipeHookState:
                 planner=self.planner,
                 num_chunks=self.num_chunks,
                 what=f"a {tensor.numel()}-element gradient bucket",
+                tuned_cache=self.tuned_cache,
+                dtype=str(tensor.dtype).removeprefix("torch."),
             )
             self.executors[key] = HierarchicalAllReduce(
                 None,

@@ -47,6 +47,8 @@ class HipipeCollectives:
     groups: Sequence[Any]
     timeout_s: float = DEFAULT_TIMEOUT_S
     num_chunks: int | None = None
+    tuned_cache: str | None = None
+    """A ``hipipe tune`` cache: messages it knows run their measured-fastest schedule."""
     executors: dict[tuple[Collective, int, torch.dtype], HierarchicalCollective] = field(default_factory=dict)
     """One executor per (collective, buffer length, dtype), built the first time FSDP asks."""
 
@@ -61,6 +63,8 @@ class HipipeCollectives:
                 collective=collective,
                 num_chunks=self.num_chunks,
                 what=f"an FSDP {collective.value} of {full_numel} {dtype} elements",
+                tuned_cache=self.tuned_cache,
+                dtype=str(dtype).removeprefix("torch."),
             )
             self.executors[key] = HierarchicalCollective(
                 None, schedule, groups=self.groups, timeout_s=self.timeout_s, check_peers=False
@@ -148,11 +152,13 @@ def use_hipipe(
     groups: Sequence[Any] | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     num_chunks: int | None = None,
+    tuned_cache: str | None = None,
 ) -> HipipeCollectives:
     """Make every ``fully_shard`` module of ``model`` gather and reduce with hipipe schedules.
 
     Call on every rank after ``fully_shard``; the per-dim process groups are made here
-    (a collective call) unless given. Returns the shared executors (for inspection).
+    (a collective call) unless given; with ``tuned_cache`` the messages a ``hipipe tune``
+    cache knows run their measured-fastest schedule. Returns the shared executors.
     """
     fsdp_module, all_gather_api, reduce_scatter_api = _fsdp_interface()
     if dist.get_world_size() != topology.num_npus:
@@ -166,7 +172,12 @@ def use_hipipe(
     if groups is None:
         groups = dimension_groups(topology.sizes, timeout_s=timeout_s)
     collectives = HipipeCollectives(
-        topology=topology, planner=planner, groups=groups, timeout_s=timeout_s, num_chunks=num_chunks
+        topology=topology,
+        planner=planner,
+        groups=groups,
+        timeout_s=timeout_s,
+        num_chunks=num_chunks,
+        tuned_cache=tuned_cache,
     )
     all_gather_api.register(HipipeAllGather)  # type: ignore[attr-defined]  # ABCMeta.register
     reduce_scatter_api.register(HipipeReduceScatter)  # type: ignore[attr-defined]

@@ -5,8 +5,14 @@ would cost N times the CPU (the ranks of a testbed share the host) and could, in
 principle, differ by a floating-point hair between machines; so rank 0 plans and
 broadcasts the JSON. If planning fails on rank 0 every rank must hear it, not wait in
 the broadcast until the timeout: the error travels in the same message.
+
+With a tuning cache (``hipipe tune``), rank 0 first looks the message up there and
+sends the measured-fastest schedule when the cache has one; messages the cache does not
+know are planned. Which of the two happened is in the schedule's ``info["source"]``.
 """
 
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
@@ -15,6 +21,7 @@ from hipipe.errors import HipipeError
 from hipipe.planners import plan
 from hipipe.schedule import Collective, Schedule
 from hipipe.topology import Topology
+from hipipe.tuning.cache import load_tuned
 
 
 def plan_on_rank0(
@@ -26,17 +33,29 @@ def plan_on_rank0(
     num_chunks: int | None = None,
     what: str,
     group: Any = None,
+    tuned_cache: str | Path | None = None,
+    dtype: str = "float32",
 ) -> Schedule:
     """The schedule rank 0 of ``group`` (default: the world) planned, on every rank.
 
     ``what`` names the message in the error every rank raises if planning fails, e.g.
-    ``"a 1048576-element gradient bucket"``.
+    ``"a 1048576-element gradient bucket"``. ``tuned_cache`` and ``dtype``: look the
+    message up in a ``hipipe tune`` cache first.
     """
     payload: list[tuple[str, str] | None] = [None]
     source = 0 if group is None else dist.get_global_rank(group, 0)
     if dist.get_rank() == source:
         try:
-            schedule = plan(topology, message_bytes, planner, num_chunks=num_chunks, collective=collective)
+            tuned = None
+            if tuned_cache is not None:
+                tuned = load_tuned(tuned_cache, topology, collective, message_bytes, dtype)
+            if tuned is not None:
+                schedule = replace(tuned, info={**tuned.info, "source": f"tuned ({tuned_cache})"})
+            else:
+                schedule = plan(
+                    topology, message_bytes, planner, num_chunks=num_chunks, collective=collective
+                )
+                schedule = replace(schedule, info={**schedule.info, "source": f"planned ({planner})"})
             payload[0] = ("schedule", schedule.to_json())
         except HipipeError as exc:
             payload[0] = ("error", str(exc))
