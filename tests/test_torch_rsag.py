@@ -1,5 +1,7 @@
 """ReduceScatter and AllGather on local Gloo processes, checked against torch's own collectives.
 
+(AllReduce too, for the single-issuer path only: the threaded AllReduce has its own file.)
+
 One spawned job per topology runs every case (the process groups are made once) and
 returns one verdict per case and rank. int64 (and every AllGather, which only copies)
 must match ``reduce_scatter_tensor`` / ``all_gather_into_tensor`` bit for bit; float32
@@ -48,6 +50,8 @@ class Case:
     mesh: bool = False
     """Run on a DeviceMesh whose ranks are placed at random (ring order from the mesh)."""
     count_bytes: bool = False
+    issue: str = "auto"
+    """``ordered``: one thread issues every op in the global order (the CUDA path, serial on CPU)."""
 
 
 def planners_for(collective: Collective, topology: Any) -> list[str]:
@@ -112,6 +116,26 @@ def build_cases(spec: str) -> list[Case]:
         cases.append(
             Case(name=f"{tag}-bytes-int64", schedule_json=counted.to_json(), dtype="int64", count_bytes=True)
         )
+    # The single-issuer path NCCL gets, run serially on Gloo: the three collectives, random
+    # chunkings (grouped dims too on 3 dims), bit-exact like the threaded path.
+    for kind in Collective:
+        tag = {Collective.ALL_REDUCE: "ar", Collective.REDUCE_SCATTER: "rs", Collective.ALL_GATHER: "ag"}[
+            kind
+        ]
+        ordered = random_schedule(spec, n * 5001 * 8, 3, kind)
+        cases.append(
+            Case(name=f"{tag}-ordered-int64", schedule_json=ordered.to_json(), dtype="int64", issue="ordered")
+        )
+        if topology.num_dims == 3:
+            grouped = plan(topology, n * 5001 * 8, "ring", collective=kind)
+            cases.append(
+                Case(
+                    name=f"{tag}-ordered-ring-int64",
+                    schedule_json=grouped.to_json(),
+                    dtype="int64",
+                    issue="ordered",
+                )
+            )
     floats = plan(topology, n * 1251 * 4, "themis", num_chunks=4, collective=Collective.REDUCE_SCATTER)
     for op in ("avg", "min", "max"):
         cases.append(
@@ -158,6 +182,9 @@ def _torch_collective(kind: Collective, output: Any, input: Any, op: str) -> Non
     if kind is Collective.ALL_GATHER:
         getattr(dist, "all_gather_single", dist.all_gather_into_tensor)(output, input)
         return
+    if kind is Collective.ALL_REDUCE:
+        dist.all_reduce(output)  # the sum in place: output starts as a copy of input
+        return
     torch_op = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN}
     reduce_scatter = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
     reduce_scatter(output, input, op=torch_op.get(op, dist.ReduceOp.MAX))
@@ -172,12 +199,17 @@ def run_case(rank: int, world: int, case: Case, groups: list[Any], mesh: Any) ->
     schedule = Schedule.from_json(case.schedule_json)
     kind = schedule.collective
     if case.mesh:
-        executor = HierarchicalCollective(mesh, schedule, timeout_s=30)
+        executor = HierarchicalCollective(mesh, schedule, timeout_s=30, issue=case.issue)
     else:
-        executor = HierarchicalCollective(None, schedule, groups=groups, timeout_s=30)
+        executor = HierarchicalCollective(None, schedule, groups=groups, timeout_s=30, issue=case.issue)
     dtype = {"int64": torch.int64, "float32": torch.float32, "bfloat16": torch.bfloat16}[case.dtype]
     wide_numel = schedule.message_bytes // ITEMSIZE[case.dtype]
-    if kind is Collective.REDUCE_SCATTER:
+    if kind is Collective.ALL_REDUCE:
+        source = _data(rank, wide_numel, dtype)
+        ours, reference = source.clone(), source.clone()
+        with SentBytes() as sent:
+            executor.all_reduce(ours, op=case.op)
+    elif kind is Collective.REDUCE_SCATTER:
         source = _data(rank, wide_numel, dtype)
         ours, reference = (
             torch.empty(wide_numel // world, dtype=dtype),
