@@ -183,7 +183,7 @@ class HierarchicalCollective:
         if schedule.collective is not Collective.ALL_REDUCE and schedule.message_bytes % world:
             raise HipipeError(
                 f"a {schedule.collective.value} of {schedule.message_bytes} bytes does not split into"
-                f" {world} equal shards: plan a message size that is a multiple of {world} elements"
+                f" {world} equal shards: plan a message of {world} shards of whole elements"
             )
         rank_at: Callable[[tuple[int, ...]], int]
         if mesh is not None:
