@@ -1,11 +1,14 @@
 """ReduceScatter and AllGather on local Gloo processes, checked against torch's own collectives.
 
+(AllReduce too, for the single-issuer path only: the threaded AllReduce has its own file.)
+
 One spawned job per topology runs every case (the process groups are made once) and
 returns one verdict per case and rank. int64 (and every AllGather, which only copies)
 must match ``reduce_scatter_tensor`` / ``all_gather_into_tensor`` bit for bit; float32
 and bfloat16 ReduceScatters within a tolerance. Shard lengths are odd, random schedules
-bring uneven and empty chunks and mixed orders; one case per collective counts the
-bytes every rank sends, which must be the ring's ``(n-1)/n`` per level and no more.
+bring uneven and empty chunks and mixed orders. Every RS/AG case counts the bytes each
+rank hands to ``isend``: the ring's ``(n-1)/n`` per level, (N-1)/N of the message in
+all, and no more. Misuse is refused in one line on every rank.
 """
 
 import random
@@ -47,7 +50,8 @@ class Case:
     op: str = "sum"
     mesh: bool = False
     """Run on a DeviceMesh whose ranks are placed at random (ring order from the mesh)."""
-    count_bytes: bool = False
+    issue: str = "auto"
+    """``ordered``: one thread issues every op in the global order (the CUDA path, serial on CPU)."""
 
 
 def planners_for(collective: Collective, topology: Any) -> list[str]:
@@ -108,10 +112,28 @@ def build_cases(spec: str) -> list[Case]:
         cases.append(Case(name=f"{tag}-tiny-int64", schedule_json=tiny.to_json(), dtype="int64"))
         mesh = random_schedule(spec, n * 5001 * 8, 7, kind)
         cases.append(Case(name=f"{tag}-mesh-int64", schedule_json=mesh.to_json(), dtype="int64", mesh=True))
-        counted = plan(topology, n * 5001 * 8, "themis", num_chunks=5, collective=kind)
+        themis5 = plan(topology, n * 5001 * 8, "themis", num_chunks=5, collective=kind)
+        cases.append(Case(name=f"{tag}-themis5-int64", schedule_json=themis5.to_json(), dtype="int64"))
+    # The single-issuer path NCCL gets, run serially on Gloo: the three collectives, random
+    # chunkings (grouped dims too on 3 dims), bit-exact like the threaded path.
+    for kind in Collective:
+        tag = {Collective.ALL_REDUCE: "ar", Collective.REDUCE_SCATTER: "rs", Collective.ALL_GATHER: "ag"}[
+            kind
+        ]
+        ordered = random_schedule(spec, n * 5001 * 8, 3, kind)
         cases.append(
-            Case(name=f"{tag}-bytes-int64", schedule_json=counted.to_json(), dtype="int64", count_bytes=True)
+            Case(name=f"{tag}-ordered-int64", schedule_json=ordered.to_json(), dtype="int64", issue="ordered")
         )
+        if topology.num_dims == 3:
+            grouped = plan(topology, n * 5001 * 8, "ring", collective=kind)
+            cases.append(
+                Case(
+                    name=f"{tag}-ordered-ring-int64",
+                    schedule_json=grouped.to_json(),
+                    dtype="int64",
+                    issue="ordered",
+                )
+            )
     floats = plan(topology, n * 1251 * 4, "themis", num_chunks=4, collective=Collective.REDUCE_SCATTER)
     for op in ("avg", "min", "max"):
         cases.append(
@@ -158,6 +180,9 @@ def _torch_collective(kind: Collective, output: Any, input: Any, op: str) -> Non
     if kind is Collective.ALL_GATHER:
         getattr(dist, "all_gather_single", dist.all_gather_into_tensor)(output, input)
         return
+    if kind is Collective.ALL_REDUCE:
+        dist.all_reduce(output)  # the sum in place: output starts as a copy of input
+        return
     torch_op = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN}
     reduce_scatter = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
     reduce_scatter(output, input, op=torch_op.get(op, dist.ReduceOp.MAX))
@@ -172,12 +197,17 @@ def run_case(rank: int, world: int, case: Case, groups: list[Any], mesh: Any) ->
     schedule = Schedule.from_json(case.schedule_json)
     kind = schedule.collective
     if case.mesh:
-        executor = HierarchicalCollective(mesh, schedule, timeout_s=30)
+        executor = HierarchicalCollective(mesh, schedule, timeout_s=30, issue=case.issue)
     else:
-        executor = HierarchicalCollective(None, schedule, groups=groups, timeout_s=30)
+        executor = HierarchicalCollective(None, schedule, groups=groups, timeout_s=30, issue=case.issue)
     dtype = {"int64": torch.int64, "float32": torch.float32, "bfloat16": torch.bfloat16}[case.dtype]
     wide_numel = schedule.message_bytes // ITEMSIZE[case.dtype]
-    if kind is Collective.REDUCE_SCATTER:
+    if kind is Collective.ALL_REDUCE:
+        source = _data(rank, wide_numel, dtype)
+        ours, reference = source.clone(), source.clone()
+        with SentBytes() as sent:
+            executor.all_reduce(ours, op=case.op)
+    elif kind is Collective.REDUCE_SCATTER:
         source = _data(rank, wide_numel, dtype)
         ours, reference = (
             torch.empty(wide_numel // world, dtype=dtype),
@@ -194,7 +224,9 @@ def run_case(rank: int, world: int, case: Case, groups: list[Any], mesh: Any) ->
         with SentBytes() as sent:
             executor.all_gather(ours, source)
     _torch_collective(kind, reference, source, case.op)
-    if case.count_bytes:
+    if kind is not Collective.ALL_REDUCE:
+        # Every ring split is exact in the work buffer, so each level sends the ring's (n-1)/n of
+        # its piece: (N-1)/N of the message in all, whatever the chunking (Gloo's own RS sends 2x).
         ideal = schedule.message_bytes * (world - 1) // world
         if sent.total_bytes != ideal:
             return f"sent {sent.total_bytes} bytes, the ring's (N-1)/N of the message is {ideal}"
@@ -221,7 +253,66 @@ def run_cases(rank: int, world: int, spec: str, cases: list[Case]) -> dict[str, 
             verdicts[case.name] = run_case(rank, world, case, groups, mesh)
         except Exception as exc:
             verdicts[case.name] = f"{type(exc).__name__}: {exc}"
+    verdicts[MISUSE] = misuse(spec, groups)
     return verdicts
+
+
+MISUSE = "misuse"
+"""Not a case: the verdict of the refused calls, made after the cases on the same groups."""
+
+
+def misuse(spec: str, groups: list[Any]) -> str:
+    """Calls the executor must refuse in one line, before any traffic (so every rank refuses)."""
+    from hipipe.torch import HierarchicalCollective
+
+    topology = load_topology(spec)
+    n = topology.num_npus
+    rs = HierarchicalCollective(
+        None, plan(topology, n * 16 * 8, "themis", collective="reduce_scatter"), groups=groups, timeout_s=30
+    )
+    ag = HierarchicalCollective(
+        None, plan(topology, n * 16 * 8, "themis", collective="all_gather"), groups=groups, timeout_s=30
+    )
+    wide, shard = torch.zeros(n * 16, dtype=torch.int64), torch.zeros(16, dtype=torch.int64)
+    attempts = {
+        "plans reduce_scatter, not all_reduce": lambda: rs.all_reduce(wide),
+        "plans all_gather, not reduce_scatter": lambda: ag.reduce_scatter(shard, wide),
+        "planned for 1024 bytes": lambda: rs.reduce_scatter(
+            shard, torch.zeros(n * 16 + n, dtype=torch.int64)
+        ),
+        "must be 8 x the": lambda: ag.all_gather(torch.zeros(n * 16, dtype=torch.int64), shard[:15]),
+        "share dtype and device": lambda: rs.reduce_scatter(shard.float(), wide),
+        "avg needs a floating-point dtype": lambda: rs.reduce_scatter(shard, wide, op="avg"),
+        "cannot reduce-scatter dtype bool": lambda: rs.reduce_scatter(
+            torch.zeros(128, dtype=torch.bool), torch.zeros(n * 128, dtype=torch.bool)
+        ),
+        "does not split into 8 equal shards": lambda: HierarchicalCollective(
+            None, plan(topology, 1001, "themis", collective="all_gather"), groups=groups, timeout_s=30
+        ),
+    }
+    for fragment, attempt in attempts.items():
+        try:
+            attempt()
+        except HipipeError as exc:
+            if fragment not in str(exc) or "\n" in str(exc):
+                return f"expected {fragment!r}, got {exc}"
+            continue
+        return f"no error for {fragment!r}"
+    # Still usable after all that: AllGather of any dtype, bool included, bit for bit.
+    mine = torch.tensor([bool((dist_rank() + i) % 3) for i in range(16)])
+    gathered, reference = torch.empty(n * 16, dtype=torch.bool), torch.empty(n * 16, dtype=torch.bool)
+    ag_bool = HierarchicalCollective(
+        None, plan(topology, n * 16, "pipelined", collective="all_gather"), groups=groups, timeout_s=30
+    )
+    ag_bool.all_gather(gathered, mine)
+    _torch_collective(Collective.ALL_GATHER, reference, mine, "sum")
+    return "" if torch.equal(gathered, reference) else "bool all_gather differs from torch's"
+
+
+def dist_rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank()
 
 
 def _run_job(spec: str) -> dict[str, list[str]]:
@@ -230,7 +321,7 @@ def _run_job(spec: str) -> dict[str, list[str]]:
     started = time.monotonic()
     values = raise_on_failure(spawn(run_cases, nproc, args=(spec, cases), timeout_s=240, pg_timeout_s=30))
     print(f"{nproc}-process job on {spec}: {len(cases)} cases in {time.monotonic() - started:.1f} s")
-    return {case.name: [v[case.name] for v in values] for case in cases}
+    return {name: [v[name] for v in values] for name in [*(case.name for case in cases), MISUSE]}
 
 
 @pytest.fixture(scope="module")
@@ -243,6 +334,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Cases are planned at collection, not at import: worker processes import this module too."""
     if "case" in metafunc.fixturenames:
         pairs = [(shape, c.name) for shape, spec in TOPOLOGIES.items() for c in build_cases(spec)]
+        pairs += [(shape, MISUSE) for shape in TOPOLOGIES]
         metafunc.parametrize(("shape", "case"), pairs)
 
 

@@ -8,9 +8,11 @@ buffer: the AllReduce on the caller's tensor in place, ReduceScatter and AllGath
 work buffer laid out by :mod:`hipipe.torch.layout` so that every op is a plain ring
 over a contiguous range.
 
-Each dim walks its sequence in the schedule's order, in its own thread, concurrently
-with the other dims (Gloo runs ops on different process groups in parallel); an op
-starts only when its chunk's previous op has finished on this rank. Every rank runs
+On Gloo, each dim walks its sequence in the schedule's order, in its own thread,
+concurrently with the other dims (Gloo runs ops on different process groups in
+parallel); an op starts only when its chunk's previous op has finished on this rank.
+On CUDA, one thread enqueues every op in one global order instead
+(:mod:`hipipe.torch.issuer`), as NCCL requires. Every rank runs
 the same schedule, so the ranks of a group meet in the same ops in the same order.
 
 An op over several dims (the flat ``ring`` baseline) sits in the sequence of each of
@@ -35,6 +37,7 @@ import torch
 import torch.distributed as dist
 
 from hipipe.errors import HipipeError, ScheduleError
+from hipipe.issue_order import issue_order
 from hipipe.schedule import Collective, DimGroup, Schedule, validate_layout
 from hipipe.simulator import Policy, simulate
 from hipipe.torch.collectives import ReduceOp, check_dtype, parse_reduce_op, split
@@ -47,6 +50,7 @@ from hipipe.torch.groups import (
     rings_for_layout,
     rings_from_mesh,
 )
+from hipipe.torch.issuer import OrderedIssue
 from hipipe.torch.layout import block_of_rank, coordinates_by_rank, own_block, pack_shards, unpack_shards
 from hipipe.torch.threads import CollectiveError, DimThreads, OpPlan
 
@@ -136,6 +140,12 @@ class HierarchicalCollective:
     ReduceScatter/AllGather) or ``auto`` (native on NCCL, rings elsewhere: Gloo's own
     ReduceScatter moves twice the bytes).
 
+    ``issue``: ``threads`` (one host thread per dim, each walking its sequence: the Gloo
+    path), ``ordered`` (one thread enqueues every op in the schedule's global
+    :func:`~hipipe.issue_order.issue_order`, each dim on its own CUDA stream, chain
+    dependencies as CUDA events: the order NCCL needs to be deadlock-free; on CPU tensors
+    it runs the ops serially) or ``auto`` (ordered for CUDA tensors, threads otherwise).
+
     One :meth:`run` at a time per set of groups: runs derive their point-to-point tags
     from op indices, so two runs in flight on the same groups (from two threads, or two
     executors) could take each other's messages.
@@ -151,6 +161,7 @@ class HierarchicalCollective:
         backend: str | None = None,
         check_peers: bool = True,
         collectives: str = "auto",
+        issue: str = "auto",
     ) -> None:
         validate_layout(schedule)
         # Sequences that contradict the chunks' chains would deadlock every rank until the
@@ -158,6 +169,11 @@ class HierarchicalCollective:
         simulate(schedule, policy=Policy.FIXED)
         if collectives not in ("auto", "ring", "native"):
             raise HipipeError(f"collectives must be auto, ring or native, got {collectives!r}")
+        if issue not in ("auto", "threads", "ordered"):
+            raise HipipeError(f"issue must be auto, threads or ordered, got {issue!r}")
+        self.issue = issue
+        self._order = issue_order(schedule)
+        """The global issue order (same on every rank) the ordered path follows."""
         if (mesh is None) == (groups is None):
             raise HipipeError("give either a DeviceMesh or the per-dimension process groups, not both")
         if timeout_s <= 0:
@@ -167,7 +183,7 @@ class HierarchicalCollective:
         if schedule.collective is not Collective.ALL_REDUCE and schedule.message_bytes % world:
             raise HipipeError(
                 f"a {schedule.collective.value} of {schedule.message_bytes} bytes does not split into"
-                f" {world} equal shards: plan a message size that is a multiple of {world} elements"
+                f" {world} equal shards: plan a message of {world} shards of whole elements"
             )
         rank_at: Callable[[tuple[int, ...]], int]
         if mesh is not None:
@@ -385,18 +401,22 @@ class HierarchicalCollective:
             )
         self._runs += 1
         streams = self._cuda_streams(flat) if flat.is_cuda else None
-        state = DimThreads(
-            plans=plans,
-            sequences=self.schedule.sequences,
-            flat=flat,
-            op=op,
-            tag_offset=tag_offset,
-            tag_stride=stride,
-            rank=self.rank,
-            streams=streams,
-            sync_for_trace=trace,
-            deadline_s=time.monotonic() + self.timeout_s,
-        )
+        common: dict[str, Any] = {
+            "plans": plans,
+            "flat": flat,
+            "op": op,
+            "tag_offset": tag_offset,
+            "tag_stride": stride,
+            "rank": self.rank,
+            "streams": streams,
+            "sync_for_trace": trace,
+            "deadline_s": time.monotonic() + self.timeout_s,
+        }
+        state: DimThreads | OrderedIssue
+        if self.issue == "ordered" or (self.issue == "auto" and flat.is_cuda):
+            state = OrderedIssue(order=self._order, num_dims=len(self.schedule.sequences), **common)
+        else:
+            state = DimThreads(sequences=self.schedule.sequences, **common)
         try:
             state.execute(self.timeout_s)
         except CollectiveError as exc:

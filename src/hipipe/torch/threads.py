@@ -104,10 +104,6 @@ class _Aborted(Exception):
     """Another dim's thread failed first; this one just stops."""
 
 
-def _describe(op: Op) -> str:
-    return f"op {op.index} (chunk {op.chunk} step {op.step}: {op.phase.value} on dims {op.dims})"
-
-
 class DimThreads:
     """One AllReduce in flight: one thread per dim walks its sequence (see module docstring)."""
 
@@ -192,23 +188,23 @@ class DimThreads:
                     if dim != min(current.dims):
                         # Another dim's thread runs this multi-dim op; this dim is busy until it ends.
                         progress.mark_arrived(index)
-                        progress.wait_done(dim, f"{_describe(current)} to end", index)
+                        progress.wait_done(dim, f"{describe(current)} to end", index)
                         continue
                     if current.step > 0:
-                        progress.wait_done(dim, f"op {index - 1} before {_describe(current)}", index - 1)
+                        progress.wait_done(dim, f"op {index - 1} before {describe(current)}", index - 1)
                     others = len(current.dims) - 1
                     if others:
                         progress.wait_arrived(
-                            dim, f"dims {current.dims} to reach {_describe(current)}", index, others
+                            dim, f"dims {current.dims} to reach {describe(current)}", index, others
                         )
                     self.run_op(index)
                     progress.mark_done(index)
         except _Aborted:
             pass
         except BaseException as exc:
-            where = _describe(current) if current is not None else f"dim {dim}"
+            where = describe(current) if current is not None else f"dim {dim}"
             progress.fail(
-                exc, f"rank {self.rank}: {where} failed: {type(exc).__name__}: {_one_line(exc)}", self.failure
+                exc, f"rank {self.rank}: {where} failed: {type(exc).__name__}: {one_line(exc)}", self.failure
             )
         finally:
             progress.finish_dim()
@@ -222,18 +218,7 @@ class DimThreads:
         if self.streams is not None and op.step > 0:
             torch.cuda.current_stream(self.flat.device).wait_event(self.events[index - 1])
         self.starts_s[index] = time.perf_counter() - self.t0
-        flat, ring, start, stop = self.flat, plan.ring, plan.start, plan.stop
-        tag_base = self.tag_offset + index * self.tag_stride
-        if op.phase is Phase.RS and plan.native:
-            native_reduce_scatter(flat, ring, start=start, stop=stop, op=self.op, timeout_s=remaining_s)
-        elif op.phase is Phase.RS:
-            ring_reduce_scatter(
-                flat, ring, start=start, stop=stop, op=self.op, tag_base=tag_base, timeout_s=remaining_s
-            )
-        elif plan.native:
-            native_all_gather(flat, ring, start=start, stop=stop, timeout_s=remaining_s)
-        else:
-            ring_all_gather(flat, ring, start=start, stop=stop, tag_base=tag_base, timeout_s=remaining_s)
+        run_plan(plan, self.flat, self.op, self.tag_offset + index * self.tag_stride, remaining_s)
         if self.streams is not None:
             event = torch.cuda.Event()
             event.record(torch.cuda.current_stream(self.flat.device))
@@ -243,7 +228,25 @@ class DimThreads:
         self.ends_s[index] = time.perf_counter() - self.t0
 
 
-def _one_line(exc: BaseException) -> str:
+def run_plan(plan: OpPlan, flat: torch.Tensor, op: ReduceOp, tag_base: int, timeout_s: float) -> None:
+    """Do one op's transfers on ``flat``: its RS or AG over its ring, on its element range."""
+    ring, start, stop = plan.ring, plan.start, plan.stop
+    if plan.op.phase is Phase.RS and plan.native:
+        native_reduce_scatter(flat, ring, start=start, stop=stop, op=op, timeout_s=timeout_s)
+    elif plan.op.phase is Phase.RS:
+        ring_reduce_scatter(flat, ring, start=start, stop=stop, op=op, tag_base=tag_base, timeout_s=timeout_s)
+    elif plan.native:
+        native_all_gather(flat, ring, start=start, stop=stop, timeout_s=timeout_s)
+    else:
+        ring_all_gather(flat, ring, start=start, stop=stop, tag_base=tag_base, timeout_s=timeout_s)
+
+
+def describe(op: Op) -> str:
+    """An op as error messages name it."""
+    return f"op {op.index} (chunk {op.chunk} step {op.step}: {op.phase.value} on dims {op.dims})"
+
+
+def one_line(exc: BaseException) -> str:
     """First line of an error, without the ``[/path/to/gloo/pair.cc:553] `` source prefix."""
     lines = str(exc).strip().splitlines()
     text = lines[0] if lines else ""
