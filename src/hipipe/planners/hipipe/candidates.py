@@ -12,10 +12,11 @@ from typing import Any
 
 import numpy as np
 
-from hipipe.bounds import OrderMix
+from hipipe.bounds import OrderMix, half_chain_scale
 from hipipe.planners.hipipe.sequencing import BASIC_RULES, Rule, list_schedule, longest_path_s
 from hipipe.planners.hipipe.sizing import SizingModel
 from hipipe.planners.hipipe.structure import Order, Structure, op_table, without_chunks
+from hipipe.schedule import Collective
 from hipipe.topology import Topology
 
 CHUNK_LADDER: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
@@ -35,9 +36,14 @@ IMPROVEMENT = 1e-9
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SearchOptions:
-    """What the search may change; the ablations switch parts of it off."""
+    """What the search plans and what it may change; the ablations switch parts of it off."""
 
+    collective: Collective = Collective.ALL_REDUCE
+    """The collective planned: it fixes the chains' length and phases, nothing else."""
     chunk_counts: tuple[int, ...] = CHUNK_LADDER
+    """The K ladder, tried in order (ignored when ``forced_chunks`` is set)."""
+    forced_chunks: int | None = None
+    """Plan with exactly this K: no ladder, no probes, no splitting; seeds of this K only."""
     lp_sizes: bool = True
     """False: uniform chunk sizes (the ``hipipe-uniform`` ablation)."""
     ascending_only: bool = False
@@ -50,6 +56,16 @@ class SearchOptions:
     patience: int = 2
     """Stop the K ladder after this many Ks in a row that do not improve on the best
     (one, above ``FULL_ROUNDS_MAX_CHUNKS``, where each K costs more)."""
+
+    @property
+    def ladder(self) -> tuple[int, ...]:
+        """The Ks the search builds from scratch."""
+        return (self.forced_chunks,) if self.forced_chunks is not None else self.chunk_counts
+
+    @property
+    def searches_chunks(self) -> bool:
+        """Whether K is the search's to choose (not forced by the user or the ablation)."""
+        return self.forced_chunks is None and len(self.chunk_counts) > 1
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -94,10 +110,11 @@ class SearchLog:
         return self.lp_work >= LP_WORK_BUDGET
 
 
-def time_unit_s(topology: Topology, message_bytes: float, mix: OrderMix) -> float:
+def time_unit_s(topology: Topology, message_bytes: float, mix: OrderMix, collective: Collective) -> float:
     """A rough makespan: the LP's times are in this unit so they are O(1)."""
-    latency_s = sum(2 * d.latency_s * d.latency_steps for d in topology.dims)
-    return mix.time_per_byte_s * message_bytes + latency_s
+    moves = collective.moves_per_byte
+    latency_s = sum(moves * d.latency_s * d.latency_steps for d in topology.dims)
+    return mix.time_per_byte_s * half_chain_scale(collective) * message_bytes + latency_s
 
 
 def better(a: Candidate | None, b: Candidate) -> bool:
@@ -117,7 +134,8 @@ def optimize_structure(
     resequence: bool,
 ) -> Candidate:
     """Best candidate over ``sequences`` (and re-sequencing rounds when ``resequence``)."""
-    table = op_table(topology, orders)
+    collective = options.collective
+    table = op_table(topology, orders, collective)
     num_chunks = len(orders)
     uniform = np.full(num_chunks, message_bytes / num_chunks)
     if not options.lp_sizes:
@@ -125,7 +143,7 @@ def optimize_structure(
         for seq in sequences:
             makespan = longest_path_s(table, table.durations_s(uniform), seq)
             candidate = Candidate(
-                structure=Structure(orders=orders, sequences=seq, source=source),
+                structure=Structure(orders=orders, sequences=seq, source=source, collective=collective),
                 sizes_bytes=uniform,
                 makespan_s=makespan,
                 lp_makespan_s=None,
@@ -134,7 +152,7 @@ def optimize_structure(
                 best = candidate
         assert best is not None
         return best
-    model = SizingModel(topology, message_bytes, orders, time_unit_s=unit_s)
+    model = SizingModel(topology, message_bytes, orders, collective=collective, time_unit_s=unit_s)
     best = None
     seen: set[tuple[tuple[int, ...], ...]] = set()
     pending = list(sequences)
@@ -148,7 +166,7 @@ def optimize_structure(
             log.record(table.num_ops, sizing.iterations)
             makespan = longest_path_s(table, table.durations_s(sizing.sizes_bytes), seq)
             candidate = Candidate(
-                structure=Structure(orders=orders, sequences=seq, source=source),
+                structure=Structure(orders=orders, sequences=seq, source=source, collective=collective),
                 sizes_bytes=sizing.sizes_bytes,
                 makespan_s=makespan,
                 lp_makespan_s=sizing.makespan_s,
@@ -175,7 +193,7 @@ def candidate_for(
     log: SearchLog,
 ) -> Candidate:
     num_chunks = len(orders)
-    table = op_table(topology, orders)
+    table = op_table(topology, orders, options.collective)
     durations = table.durations_s(np.full(num_chunks, message_bytes / num_chunks))
     rules = tuple(Rule) if num_chunks <= ALL_RULES_MAX_CHUNKS else BASIC_RULES
     sequences = list(dict.fromkeys(list_schedule(table, durations, rule) for rule in rules))
@@ -205,9 +223,11 @@ def drop_empty_chunks(
         if not empty:
             return candidate
         structure = without_chunks(candidate.structure, empty)
-        model = SizingModel(topology, message_bytes, structure.orders, time_unit_s=unit_s)
+        model = SizingModel(
+            topology, message_bytes, structure.orders, collective=structure.collective, time_unit_s=unit_s
+        )
         sizing = model.solve(structure.sequences)
-        table = op_table(topology, structure.orders)
+        table = model.table
         log.record(table.num_ops, sizing.iterations)
         candidate = Candidate(
             structure=structure,

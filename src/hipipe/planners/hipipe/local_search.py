@@ -22,7 +22,7 @@ from hipipe.planners.hipipe.candidates import (
     better,
     candidate_for,
 )
-from hipipe.planners.hipipe.sequencing import longest_path_s
+from hipipe.planners.hipipe.sequencing import Deadlock, longest_path_s
 from hipipe.planners.hipipe.sizing import SizingModel
 from hipipe.planners.hipipe.structure import Structure
 from hipipe.topology import Topology
@@ -69,7 +69,9 @@ def climb_orders(
     orders_all = list(itertools.permutations(range(topology.num_dims)))
     if start.structure.num_chunks > MAX_CHUNKS or len(orders_all) > MAX_ORDERS:
         return start
-    floor_s = chunked_bound_s(topology, message_bytes, start.structure.num_chunks)
+    floor_s = chunked_bound_s(
+        topology, message_bytes, start.structure.num_chunks, collective=options.collective
+    )
     if start.makespan_s <= floor_s * (1 + NEAR_FLOOR):
         return start  # no order change can gain more than NEAR_FLOOR at this K
     quick = replace(options, max_rounds=1)
@@ -121,9 +123,10 @@ def swap_critical_pairs(
     sequences contradict the chains (a cycle) are skipped before any LP.
     """
     orders = start.structure.orders
-    if start.lp_makespan_s is None or len(orders) * 2 * topology.num_dims > SWAP_MAX_OPS:
+    collective = start.structure.collective
+    if start.lp_makespan_s is None or len(orders) * start.structure.chain_length > SWAP_MAX_OPS:
         return start
-    model = SizingModel(topology, message_bytes, orders, time_unit_s=unit_s)
+    model = SizingModel(topology, message_bytes, orders, collective=collective, time_unit_s=unit_s)
     table = model.table
     best = start
     sizing = model.solve(best.structure.sequences)
@@ -147,14 +150,16 @@ def swap_critical_pairs(
             tried.add(trial)
             try:
                 longest_path_s(table, table.durations_s(best.sizes_bytes), trial)
-            except AssertionError:
+            except Deadlock:
                 continue  # the swap contradicts the chains
             trials += 1
             sizing = model.solve(trial)
             log.record(table.num_ops, sizing.iterations)
             makespan = longest_path_s(table, table.durations_s(sizing.sizes_bytes), trial)
             candidate = Candidate(
-                structure=Structure(orders=orders, sequences=trial, source=best.structure.source),
+                structure=Structure(
+                    orders=orders, sequences=trial, source=best.structure.source, collective=collective
+                ),
                 sizes_bytes=sizing.sizes_bytes,
                 makespan_s=makespan,
                 lp_makespan_s=sizing.makespan_s,

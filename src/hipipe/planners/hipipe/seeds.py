@@ -14,6 +14,7 @@ from hipipe.errors import SolverError
 from hipipe.planners.baselines import plan_hierarchical, plan_pipelined, plan_themis
 from hipipe.planners.hipipe.candidates import Candidate, SearchLog, SearchOptions, optimize_structure
 from hipipe.planners.hipipe.structure import Structure
+from hipipe.schedule import Collective
 from hipipe.topology import Topology
 
 
@@ -26,7 +27,9 @@ class Seed:
     makespan_s: float
 
 
-def baseline_seeds(topology: Topology, message_bytes: int, num_chunks: int | None) -> list[Seed]:
+def baseline_seeds(
+    topology: Topology, message_bytes: int, num_chunks: int | None, collective: Collective
+) -> list[Seed]:
     """The hierarchical, pipelined and Themis baselines, run by their own code."""
     seeds: list[Seed] = []
     for name, planner in (
@@ -34,13 +37,14 @@ def baseline_seeds(topology: Topology, message_bytes: int, num_chunks: int | Non
         ("pipelined", plan_pipelined),
         ("themis", plan_themis),
     ):
-        schedule = planner(topology, message_bytes, num_chunks=num_chunks)
+        schedule = planner(topology, message_bytes, num_chunks=num_chunks, collective=collective)
         seeds.append(
             Seed(
                 structure=Structure(
                     orders=tuple(c.dims_order() for c in schedule.chunks),
                     sequences=schedule.sequences,
                     source=name,
+                    collective=collective,
                 ),
                 sizes_bytes=np.array([c.size_bytes for c in schedule.chunks]),
                 makespan_s=schedule.makespan_s,
@@ -62,7 +66,7 @@ def improve_with_seeds(
     """``best``, or a re-sized baseline structure if that is better; and the baselines'
     own makespans. ``forced``: the K the user forced (only same-K seeds then)."""
     baselines: dict[str, float] = {}
-    for seed in baseline_seeds(topology, message_bytes, forced):
+    for seed in baseline_seeds(topology, message_bytes, forced, options.collective):
         baselines[seed.structure.source] = seed.makespan_s
         if forced is not None and seed.structure.num_chunks != forced:
             continue

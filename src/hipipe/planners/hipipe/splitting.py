@@ -36,7 +36,7 @@ of the ladder's (about 0.15 s on 2 cores); a step in progress is finished."""
 
 def split_structure(structure: Structure, split: set[int]) -> Structure:
     """Chunks in ``split`` become two adjacent chunks (same order), back to back on every dim."""
-    chain_length = 2 * len(structure.sequences)
+    chain_length = structure.chain_length
     pieces: list[tuple[int, ...]] = []
     count = 0
     for j in range(structure.num_chunks):
@@ -52,12 +52,14 @@ def split_structure(structure: Structure, split: set[int]) -> Structure:
         for sequence in structure.sequences
     )
     orders = tuple(structure.orders[j] for j, group in enumerate(pieces) for _ in group)
-    return Structure(orders=orders, sequences=sequences, source=structure.source)
+    return Structure(
+        orders=orders, sequences=sequences, source=structure.source, collective=structure.collective
+    )
 
 
 def end_chunks(structure: Structure) -> set[int]:
     """Chunks whose op is first or last on some dim: the ones that fill and drain the pipeline."""
-    chain_length = 2 * len(structure.sequences)
+    chain_length = structure.chain_length
     return {sequence[i] // chain_length for sequence in structure.sequences if sequence for i in (0, -1)}
 
 
@@ -90,9 +92,11 @@ def refine_by_splitting(
         selections = [end_chunks(current.structure), set(range(current.structure.num_chunks))]
         for split in selections[: 1 if selections[0] == selections[1] else 2]:
             structure = split_structure(current.structure, split)
-            if structure.num_chunks * 2 * topology.num_dims > max_ops:
+            if structure.num_chunks * structure.chain_length > max_ops:
                 continue
-            floor_s = chunked_bound_s(topology, message_bytes, structure.num_chunks, loads=loads)
+            floor_s = chunked_bound_s(
+                topology, message_bytes, structure.num_chunks, loads=loads, collective=options.collective
+            )
             if floor_s >= best.makespan_s * (1 - floor_slack):
                 continue
             candidate = optimize_structure(
