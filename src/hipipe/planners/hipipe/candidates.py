@@ -25,10 +25,21 @@ CHUNK_LADDER: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 ALL_RULES_MAX_CHUNKS = 8
 """Up to this K, the first sequences come from every list-scheduling rule (LPs are cheap)."""
 
-LP_WORK_BUDGET = 6000
-"""Plan-time budget, in op-LPs (one LP over n ops counts n): once spent, the search
-finishes the K at hand and stops. Deterministic, unlike a wall-clock budget, so the same
-input always gets the same plan; ~6000 is about 0.2 s of HiGHS on a 2-core machine."""
+PLAN_BUDGET = 12_000
+"""The plan-time budget, in op-LPs (one LP over n ops counts n), for the whole plan.
+Deterministic, unlike a wall-clock budget, so the same input always gets the same plan;
+12,000 is about 0.4 s of HiGHS on a 2-core machine. The stages spend it in turn, each
+up to a cumulative share (a stage finishes the step at hand when its share is spent):"""
+
+LADDER_SHARE = 0.5
+"""The K ladder and its probes stop once half the budget is spent..."""
+
+CLIMB_SHARE = 2 / 3
+CLIMB_STEP_SHARE = 0.25
+"""...the order climb may then spend a quarter more, up to two thirds in all..."""
+
+SPLIT_SHARE = 1.0
+"""...and splitting chunks has the rest."""
 
 IMPROVEMENT = 1e-9
 """Relative gain below which a new candidate does not count as better (LP noise)."""
@@ -56,6 +67,8 @@ class SearchOptions:
     patience: int = 2
     """Stop the K ladder after this many Ks in a row that do not improve on the best
     (one, above ``FULL_ROUNDS_MAX_CHUNKS``, where each K costs more)."""
+    lp_work_budget: int = PLAN_BUDGET
+    """The one plan-time budget (op-LPs), shared by every stage of the search."""
 
     @property
     def ladder(self) -> tuple[int, ...]:
@@ -80,15 +93,48 @@ class Candidate:
     """The LP optimum for this structure (None when sizes are not from the LP)."""
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Trial:
+    """One line of the search's record: a candidate, a failed LP, or where the ladder stopped."""
+
+    num_chunks: int
+    """The K asked for."""
+    source: str | None = None
+    """Order family or search step (``mix``, ``greedy``, ``climb``, ``split``, a baseline)."""
+    makespan_s: float | None = None
+    kept_chunks: int | None = None
+    """K after empty chunks were dropped."""
+    error: str | None = None
+    """Why this structure's LP failed (the search went on without it)."""
+    pruned: str | None = None
+    """Why the ladder stopped at this K."""
+
+    def to_info(self) -> dict[str, Any]:
+        """Plain JSON for ``Schedule.info["candidates"]`` (fields that are set only)."""
+        fields = {
+            "num_chunks": self.num_chunks,
+            "kept_chunks": self.kept_chunks,
+            "source": self.source,
+            "makespan_s": self.makespan_s,
+            "error": self.error,
+            "pruned": self.pruned,
+        }
+        return {key: value for key, value in fields.items() if value is not None}
+
+
 @dataclass(kw_only=True)
 class SearchLog:
-    """What the search tried, for ``Schedule.info``. Mutable: filled in as it goes."""
+    """What the search tried and the LP work it spent. Mutable: filled in as it goes."""
 
-    tried: list[dict[str, Any]] = field(default_factory=list)
+    budget: int = PLAN_BUDGET
+    """The plan's budget (op-LPs); see :data:`PLAN_BUDGET`."""
+    tried: list[Trial] = field(default_factory=list)
     lp_solves: int = 0
     simplex_iterations: int = 0
     lp_work: int = 0
     """Sum over LP solves of the ops each LP had: what the plan-time budget counts."""
+    stage_limit: float = PLAN_BUDGET * LADDER_SHARE
+    """LP work at which the current stage stops (set by :meth:`allow`)."""
     strikes: dict[str, int] = field(default_factory=dict)
     """Per order family, how many Ks in a row it trailed that K's best by RETIRE_MARGIN."""
     retired: set[str] = field(default_factory=set)
@@ -99,15 +145,18 @@ class SearchLog:
         self.simplex_iterations += iterations
         self.lp_work += num_ops
 
-    def absorb(self, other: "SearchLog") -> None:
-        """Count the LP work of a search step that ran on its own log (own budget)."""
-        self.lp_solves += other.lp_solves
-        self.simplex_iterations += other.simplex_iterations
-        self.lp_work += other.lp_work
+    def allow(self, share: float, *, step_share: float | None = None) -> None:
+        """Let the next stage run until ``share`` of the budget is spent in all (and, with
+        ``step_share``, no more than that share on top of what is spent already)."""
+        limit = share * self.budget
+        if step_share is not None:
+            limit = min(limit, self.lp_work + step_share * self.budget)
+        self.stage_limit = limit
 
     @property
     def over_budget(self) -> bool:
-        return self.lp_work >= LP_WORK_BUDGET
+        """The current stage has spent its share: finish the step at hand, then stop."""
+        return self.lp_work >= self.stage_limit
 
 
 def time_unit_s(topology: Topology, message_bytes: float, mix: OrderMix, collective: Collective) -> float:

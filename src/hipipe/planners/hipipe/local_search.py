@@ -16,9 +16,12 @@ from dataclasses import replace
 
 from hipipe.bounds import chunked_bound_s
 from hipipe.planners.hipipe.candidates import (
+    CLIMB_SHARE,
+    CLIMB_STEP_SHARE,
     Candidate,
     SearchLog,
     SearchOptions,
+    Trial,
     better,
     candidate_for,
 )
@@ -45,12 +48,6 @@ SWAP_MAX_OPS = 128
 SWAP_CANDIDATES = 8
 """Binding pairs tried per round, most binding first."""
 
-BUDGET = 3000
-"""LP work (op-LPs, see :data:`.candidates.LP_WORK_BUDGET`) the climb may spend..."""
-
-TOTAL_BUDGET = 8000
-"""...as long as the whole plan stays under this much (about 0.25 s on 2 cores)."""
-
 
 def climb_orders(
     topology: Topology,
@@ -75,7 +72,7 @@ def climb_orders(
     if start.makespan_s <= floor_s * (1 + NEAR_FLOOR):
         return start  # no order change can gain more than NEAR_FLOOR at this K
     quick = replace(options, max_rounds=1)
-    stop_at = min(log.lp_work + BUDGET, TOTAL_BUDGET)
+    log.allow(CLIMB_SHARE, step_share=CLIMB_STEP_SHARE)
     best = start
     tried: set[tuple[tuple[int, ...], ...]] = {best.structure.orders}
     improved = True
@@ -83,7 +80,7 @@ def climb_orders(
         improved = False
         orders = best.structure.orders
         for j, order in itertools.product(range(len(orders)), orders_all):
-            if log.lp_work >= stop_at:
+            if log.over_budget:
                 return best
             trial = (*orders[:j], order, *orders[j + 1 :])
             if trial in tried:
@@ -97,12 +94,12 @@ def climb_orders(
                 break
     if best is not start:
         log.tried.append(
-            {
-                "num_chunks": start.structure.num_chunks,
-                "kept_chunks": best.structure.num_chunks,
-                "source": "climb",
-                "makespan_s": best.makespan_s,
-            }
+            Trial(
+                num_chunks=start.structure.num_chunks,
+                kept_chunks=best.structure.num_chunks,
+                source="climb",
+                makespan_s=best.makespan_s,
+            )
         )
     return best
 

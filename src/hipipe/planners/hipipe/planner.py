@@ -48,7 +48,7 @@ def _plan(
     if num_chunks is not None:
         options = replace(options, forced_chunks=num_chunks)
     mix = order_mix(topology)
-    log = SearchLog()
+    log = SearchLog(budget=options.lp_work_budget)
     best, baselines = search(topology, message_bytes, mix, options=options, log=log)
     if options.lp_sizes:
         unit_s = time_unit_s(topology, message_bytes, mix, collective)
@@ -95,7 +95,7 @@ def _info(
     return {
         "num_chunks": schedule.num_chunks,
         "structure_source": best.structure.source,
-        "candidates": log.tried,
+        "candidates": [trial.to_info() for trial in log.tried],
         "order_mix": [
             {"order": list(order), "weight": weight}
             for order, weight in zip(mix_orders.orders, mix_orders.weights, strict=True)

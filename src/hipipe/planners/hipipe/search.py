@@ -18,9 +18,11 @@ from dataclasses import replace
 from hipipe.bounds import OrderMix, chunked_bound_s, order_loads
 from hipipe.errors import SolverError
 from hipipe.planners.hipipe.candidates import (
+    LADDER_SHARE,
     Candidate,
     SearchLog,
     SearchOptions,
+    Trial,
     better,
     candidate_for,
     time_unit_s,
@@ -91,15 +93,15 @@ def _best_for_chunks(
             )
         except SolverError as error:
             # One structure's LP failing is no reason to fail the plan: skip it, say so.
-            log.tried.append({"num_chunks": num_chunks, "source": source, "error": str(error)})
+            log.tried.append(Trial(num_chunks=num_chunks, source=source, error=str(error)))
             continue
         log.tried.append(
-            {
-                "num_chunks": num_chunks,
-                "kept_chunks": candidate.structure.num_chunks,
-                "source": source,
-                "makespan_s": candidate.makespan_s,
-            }
+            Trial(
+                num_chunks=num_chunks,
+                kept_chunks=candidate.structure.num_chunks,
+                source=source,
+                makespan_s=candidate.makespan_s,
+            )
         )
         results[source] = candidate.makespan_s
         if better(best_here, candidate):
@@ -115,9 +117,9 @@ def _best_for_chunks(
 
 def _requested_chunks(log: SearchLog, best: Candidate) -> int:
     """The K the ladder asked for when it found ``best`` (before empty chunks were dropped)."""
-    for entry in log.tried:
-        if entry.get("makespan_s") == best.makespan_s and "kept_chunks" in entry:
-            return int(entry["num_chunks"])
+    for trial in log.tried:
+        if trial.makespan_s == best.makespan_s and trial.kept_chunks is not None:
+            return trial.num_chunks
     return best.structure.num_chunks
 
 
@@ -128,12 +130,12 @@ def _swap_polish(
     polished = swap_critical_pairs(topology, message_bytes, best, unit_s=unit_s, log=log)
     if polished is not best:
         log.tried.append(
-            {
-                "num_chunks": best.structure.num_chunks,
-                "kept_chunks": polished.structure.num_chunks,
-                "source": "swap",
-                "makespan_s": polished.makespan_s,
-            }
+            Trial(
+                num_chunks=best.structure.num_chunks,
+                kept_chunks=polished.structure.num_chunks,
+                source="swap",
+                makespan_s=polished.makespan_s,
+            )
         )
     return polished
 
@@ -154,16 +156,17 @@ def search(
     misses = 0
     tried: set[int] = set()
     loads = order_loads(topology)
+    log.allow(LADDER_SHARE)
     for num_chunks in options.ladder:
         if options.searches_chunks and num_chunks * chain_length > MAX_OPS:
             break
         if best is not None and log.over_budget:
-            log.tried.append({"num_chunks": num_chunks, "pruned": "plan-time budget spent"})
+            log.tried.append(Trial(num_chunks=num_chunks, pruned="plan-time budget spent"))
             break
         if best is not None and chunked_bound_s(
             topology, message_bytes, num_chunks, loads=loads, collective=collective
         ) >= best.makespan_s * (1 - FLOOR_SLACK):
-            log.tried.append({"num_chunks": num_chunks, "pruned": "latency floor within 0.1% of best"})
+            log.tried.append(Trial(num_chunks=num_chunks, pruned="latency floor within 0.1% of best"))
             break  # the floor grows with K: no larger K can gain more than FLOOR_SLACK
         tried.add(num_chunks)
         best_here = _best_for_chunks(
@@ -215,6 +218,6 @@ def search(
             topology, message_bytes, best, options.forced_chunks, options=options, unit_s=unit_s, log=log
         )
     if best is None:
-        errors = [entry["error"] for entry in log.tried if "error" in entry]
+        errors = [trial.error for trial in log.tried if trial.error is not None]
         raise SolverError(errors[-1] if errors else "no candidate schedule was found")
     return best, baselines

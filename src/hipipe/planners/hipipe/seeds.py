@@ -12,7 +12,7 @@ import numpy as np
 
 from hipipe.errors import SolverError
 from hipipe.planners.baselines import plan_hierarchical, plan_pipelined, plan_themis
-from hipipe.planners.hipipe.candidates import Candidate, SearchLog, SearchOptions, optimize_structure
+from hipipe.planners.hipipe.candidates import Candidate, SearchLog, SearchOptions, Trial, optimize_structure
 from hipipe.planners.hipipe.structure import Structure
 from hipipe.schedule import Collective
 from hipipe.topology import Topology
@@ -95,11 +95,11 @@ def improve_with_seeds(
         if candidate.makespan_s > seed.makespan_s:
             candidate = own_sizes  # LP round-off lost a hair against its starting point
         log.tried.append(
-            {
-                "num_chunks": seed.structure.num_chunks,
-                "source": seed.structure.source,
-                "makespan_s": candidate.makespan_s,
-            }
+            Trial(
+                num_chunks=seed.structure.num_chunks,
+                source=seed.structure.source,
+                makespan_s=candidate.makespan_s,
+            )
         )
         if best is None or candidate.makespan_s < best.makespan_s:
             best = candidate

@@ -20,18 +20,16 @@ from dataclasses import replace
 
 from hipipe.bounds import chunked_bound_s, order_loads
 from hipipe.planners.hipipe.candidates import (
+    SPLIT_SHARE,
     Candidate,
     SearchLog,
     SearchOptions,
+    Trial,
     better,
     optimize_structure,
 )
 from hipipe.planners.hipipe.structure import Structure
 from hipipe.topology import Topology
-
-BUDGET = 4000
-"""LP work (op-LPs, see :data:`.candidates.LP_WORK_BUDGET`) the splitting may spend on top
-of the ladder's (about 0.15 s on 2 cores); a step in progress is finished."""
 
 
 def split_structure(structure: Structure, split: set[int]) -> Structure:
@@ -84,10 +82,9 @@ def refine_by_splitting(
         return start  # no sizing LP (the uniform ablation): nothing to re-size
     one_round = replace(options, max_rounds=1)
     loads = order_loads(topology)
-    # Its own log: the ladder's budget is spent by now, and that would cut the round short.
-    own = SearchLog()
+    log.allow(SPLIT_SHARE)  # the rest of the plan's budget; a step in progress is finished
     best = start
-    while own.lp_work < BUDGET:
+    while not log.over_budget:
         current = best
         selections = [end_chunks(current.structure), set(range(current.structure.num_chunks))]
         for split in selections[: 1 if selections[0] == selections[1] else 2]:
@@ -107,21 +104,19 @@ def refine_by_splitting(
                 source=f"{start.structure.source}-split",
                 options=one_round,
                 unit_s=unit_s,
-                log=own,
+                log=log,
                 resequence=True,
             )
             if better(best, candidate):
                 best = candidate
         if best is current:
             break
-        own.tried.append(
-            {
-                "num_chunks": current.structure.num_chunks,
-                "kept_chunks": best.structure.num_chunks,
-                "source": "split",
-                "makespan_s": best.makespan_s,
-            }
+        log.tried.append(
+            Trial(
+                num_chunks=current.structure.num_chunks,
+                kept_chunks=best.structure.num_chunks,
+                source="split",
+                makespan_s=best.makespan_s,
+            )
         )
-    log.absorb(own)
-    log.tried.extend(own.tried)
     return best
