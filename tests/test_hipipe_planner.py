@@ -68,7 +68,7 @@ def test_order_mix_of_a_symmetric_network_reaches_the_lower_bound():
 
 
 def test_order_mix_bound_of_rfs_3d_is_above_the_lower_bound():
-    """HIPIPE.md section 7: the 2-NPU ring halves the data once, U <= 0.871 on rfs-3d."""
+    """docs/MODEL.md section 5: the 2-NPU ring halves the data once, U <= 0.871 on rfs-3d."""
     topology = PRESETS["rfs-3d"]()
     ratio = lower_bound_s(topology, GIB) / order_mix_bound_s(topology, GIB)
     assert ratio == pytest.approx(0.871, abs=1e-3)

@@ -29,7 +29,7 @@ class PlannerResult:
     size_bytes: int
     time_s: float
     utilization: float
-    """``T* / time_s`` (HIPIPE.md section 7)."""
+    """``T* / time_s`` (docs/MODEL.md section 4)."""
     mix_utilization: float
     """``T_mix / time_s``: how close to the best any hierarchical order mix can do."""
     num_chunks: int

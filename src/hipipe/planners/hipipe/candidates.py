@@ -3,8 +3,8 @@
 A *candidate* is a structure (chunk orders + per-dim sequences) with chunk sizes and the
 makespan they give. :func:`optimize_structure` turns chunk orders into the best
 candidate it finds: sequences from the list-scheduling rules on uniform sizes, LP sizes
-for each, then rounds of re-sequencing on the best sizes and re-solving (HIPIPE.md
-section 5, steps 3-5); empty chunks are dropped at the end.
+for each, then rounds of re-sequencing on the best sizes and re-solving (the sizing LP:
+docs/MODEL.md section 7); empty chunks are dropped at the end.
 """
 
 from dataclasses import dataclass, field

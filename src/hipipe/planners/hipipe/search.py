@@ -1,4 +1,4 @@
-"""The chunk-number search (HIPIPE.md section 5, steps 2-6).
+"""The chunk-number search (the cost model and bounds: docs/MODEL.md).
 
 For each K on a geometric ladder, every order family (:mod:`.families`) is turned into
 its best candidate (:mod:`.candidates`: list-scheduled sequences, LP sizes, re-sequencing
@@ -77,7 +77,12 @@ def _best_for_chunks(
     rounds = options.max_rounds if num_chunks <= FULL_ROUNDS_MAX_CHUNKS else 0
     results: dict[str, float] = {}
     for source, orders in families(
-        topology, message_bytes, mix, num_chunks, ascending_only=options.ascending_only
+        topology,
+        message_bytes,
+        mix,
+        num_chunks,
+        ascending_only=options.ascending_only,
+        collective=options.collective,
     ):
         if source in log.retired:
             continue

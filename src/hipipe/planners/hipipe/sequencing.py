@@ -1,4 +1,4 @@
-"""Per-dimension op sequences from a list scheduler (HIPIPE.md section 5, step 3).
+"""Per-dimension op sequences from a list scheduler (the sequencing step of the search).
 
 Given op durations (from the current chunk sizes), a non-delay list scheduler starts,
 on every free dimension, the waiting op with the best priority; the order in which

@@ -1,4 +1,4 @@
-"""Chunk sizes by LP (HIPIPE.md section 5, step 4), solved with HiGHS.
+"""Chunk sizes by LP (docs/MODEL.md section 7), solved with HiGHS.
 
 With orders and per-dimension sequences fixed, the makespan is an LP in the chunk
 sizes ``s_j`` and the op start times ``t_o``::

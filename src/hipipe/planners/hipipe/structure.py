@@ -140,6 +140,27 @@ def bookend_orders(
     return (*minor, *assign_orders(orders, weights, middle), *reversed(minor))
 
 
+def one_end_orders(
+    orders: tuple[Order, ...], weights: tuple[float, ...], num_chunks: int, *, at_start: bool
+) -> tuple[Order, ...] | None:
+    """Mix orders with one chunk of every minor order at one end only.
+
+    The chain of a ReduceScatter or AllGather alone does not come back to the dim it
+    started on: a chunk in order pi keeps ``pi[0]`` busy at its start and ``pi[-1]`` at
+    its end (RS; the reverse for AG). So the chunks that fill the pipeline and those that
+    drain it want different orders: minor orders at the start only (or the end only)
+    let the dims the heavy orders reach late start early, without a chunk at the other
+    end that would leave them busy after the others are done. None when there is no
+    minor order or too few chunks.
+    """
+    minor = list(orders[1:])
+    rest = num_chunks - len(minor)
+    if not minor or rest < 1:
+        return None
+    heavy = assign_orders(orders, weights, rest)
+    return (*minor, *heavy) if at_start else (*heavy, *reversed(minor))
+
+
 def to_chunks(orders: tuple[Order, ...], sizes_bytes: np.ndarray) -> list[Chunk]:
     return [
         Chunk(index=j, size_bytes=float(sizes_bytes[j]), order=tuple((k,) for k in order))
