@@ -1,12 +1,14 @@
 """Every planner over the reference configurations: time, utilization, reductions, plan time.
 
-    python benchmarks/planners.py [--quick] [--out benchmarks/results]
+    python benchmarks/planners.py [--quick] [--collectives all_reduce,...] [--out benchmarks/results]
 
-Prints one card per configuration, then the goals (met or missed, with the ceiling the
-cost model allows), and ends with one JSON line. With ``--out DIR`` it also writes
+For each collective (AllReduce, ReduceScatter, AllGather by default) prints one card per
+configuration, then the goals (met or missed, with the ceiling the cost model allows),
+and ends with one JSON line. With ``--out DIR`` it also writes
 ``planners-<machine>-<date>.md`` and ``.png`` (utilization vs message size, one line per
-planner, one panel per configuration). Plan time is the wall time of one planner call,
-chunk-number search included, best of ``--repeat`` calls (the machine is shared).
+planner, one panel per configuration, one row per collective). Plan time is the wall
+time of one planner call, chunk-number search included, best of ``--repeat`` calls (the
+machine is shared). Message sizes are the full per-rank buffer for every collective.
 """
 
 import argparse
@@ -26,6 +28,7 @@ from hipipe import BASELINES, PLANNERS, plan
 from hipipe.bounds import latency_aware_bound_s, order_mix_bound_s
 from hipipe.cost import lower_bound_s
 from hipipe.presets import PRESETS
+from hipipe.schedule import Collective
 
 MIB = 1024**2
 MESSAGES = (1 * MIB, 16 * MIB, 64 * MIB, 256 * MIB, 1024 * MIB, 4096 * MIB)
@@ -34,6 +37,11 @@ QUICK_PRESETS = ("rfs-3d", "tpu-2d", "hgx-h100-32")
 MIX_GOAL_PRESETS = ("switch-3d-512", "tpu-2d", "hgx-h100-32")
 BIG_BYTES = 256 * MIB
 MIX_GOAL_BYTES = 1024 * MIB
+HALF_MIX_GOAL = 0.95
+"""ReduceScatter and AllGather: mean T_mix/T over the >= 256 MiB cells of the six networks."""
+PLAN_TIME_SLACK = 1.2
+"""An RS/AG plan counts as slower to make than the AllReduce of the same size above this ratio
+(plan times are wall times on a shared machine)."""
 
 
 def _size(message_bytes: int) -> str:
@@ -44,24 +52,25 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.4g}"
 
 
-def run_cell(preset: str, message_bytes: int, repeat: int) -> dict[str, Any]:
-    """All planners on one (configuration, message): times, plan times (best of
-    ``repeat`` calls, as timeit does: the machine is shared), bounds."""
+def run_cell(preset: str, message_bytes: int, repeat: int, collective: Collective) -> dict[str, Any]:
+    """All planners on one (configuration, message, collective): times, plan times (best
+    of ``repeat`` calls, as timeit does: the machine is shared), bounds."""
     topology = PRESETS[preset]()
     cell: dict[str, Any] = {
+        "collective": collective.value,
         "preset": preset,
         "message_bytes": message_bytes,
         "num_dims": topology.num_dims,
-        "lower_bound_s": lower_bound_s(topology, message_bytes),
-        "order_mix_bound_s": order_mix_bound_s(topology, message_bytes),
-        "latency_aware_bound_s": latency_aware_bound_s(topology, message_bytes),
+        "lower_bound_s": lower_bound_s(topology, message_bytes, collective),
+        "order_mix_bound_s": order_mix_bound_s(topology, message_bytes, collective),
+        "latency_aware_bound_s": latency_aware_bound_s(topology, message_bytes, collective),
         "planners": {},
     }
     for name in PLANNERS:
         plan_s = float("inf")
         for _ in range(repeat):
             start = time.perf_counter()
-            schedule = plan(topology, message_bytes, name)
+            schedule = plan(topology, message_bytes, name, collective=collective)
             plan_s = min(plan_s, time.perf_counter() - start)
         cell["planners"][name] = {
             "time_s": schedule.makespan_s,
@@ -88,7 +97,8 @@ def run_cell(preset: str, message_bytes: int, repeat: int) -> dict[str, Any]:
 
 def card(console: Console, preset: str, cells: list[dict[str, Any]]) -> None:
     topology = PRESETS[preset]()
-    table = Table(title=f"{preset}: {topology.num_npus} NPUs", title_justify="left")
+    collective = cells[0]["collective"]
+    table = Table(title=f"{preset} {collective}: {topology.num_npus} NPUs", title_justify="left")
     for column in (
         "message",
         "T* ms",
@@ -140,7 +150,14 @@ def summarize(cells: list[dict[str, Any]]) -> dict[str, Any]:
     plan_times = [c["planners"]["hipipe"]["plan_s"] for c in cells if c["num_dims"] <= 4]
     mean = statistics.fmean
     return {
+        "collective": cells[0]["collective"] if cells else None,
         "cells": len(cells),
+        "mean_utilization_of_mix_bound_256MiB_up": mean(c["utilization_of_mix_bound"] for c in big)
+        if big
+        else None,
+        "ceiling_utilization_of_mix_bound_256MiB_up": mean(c["max_utilization_of_mix_bound"] for c in big)
+        if big
+        else None,
         "never_slower_violations": sum(not c["hipipe_never_slower"] for c in cells),
         "mean_reduction_vs_best_256MiB_up": mean(c["reduction_vs_best"] for c in big) if big else None,
         "ceiling_reduction_vs_best_256MiB_up": mean(c["ceiling_vs_best"] for c in big) if big else None,
@@ -160,10 +177,66 @@ def summarize(cells: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def goals_text(summary: dict[str, Any]) -> list[str]:
-    def verdict(ok: bool) -> str:
-        return "met" if ok else "MISSED"
+def verdict(ok: bool) -> str:
+    return "met" if ok else "MISSED"
 
+
+def half_goals_text(summary: dict[str, Any]) -> list[str]:
+    """The goals of ReduceScatter and AllGather (issue 8)."""
+    lines = [
+        f"- hipipe never slower than a baseline: {summary['never_slower_violations']} violations in "
+        f"{summary['cells']} cells ({verdict(summary['never_slower_violations'] == 0)})",
+    ]
+    value = summary["mean_utilization_of_mix_bound_256MiB_up"]
+    if value is not None:
+        lines.append(
+            f"- mean T_mix/T, >= 256 MiB: {value:.4f} (goal {HALF_MIX_GOAL}: {verdict(value >= HALF_MIX_GOAL)};"
+            f" ceiling of the cost model, mean T_mix/max(T_mix, latency floor):"
+            f" {summary['ceiling_utilization_of_mix_bound_256MiB_up']:.4f})"
+        )
+    lines.append(
+        f"- plan time (<= 4 dims): median {summary['plan_time_median_s'] * 1e3:.1f} ms,"
+        f" max {summary['plan_time_max_s'] * 1e3:.1f} ms"
+    )
+    return lines
+
+
+def plan_time_comparison(cells: list[dict[str, Any]]) -> dict[str, Any]:
+    """RS/AG plan time against the AllReduce plan time of the same (network, size)."""
+    allreduce = {
+        (c["preset"], c["message_bytes"]): c["planners"]["hipipe"]["plan_s"]
+        for c in cells
+        if c["collective"] == Collective.ALL_REDUCE.value
+    }
+    out: dict[str, Any] = {}
+    for kind in (Collective.REDUCE_SCATTER.value, Collective.ALL_GATHER.value):
+        ratios = [
+            c["planners"]["hipipe"]["plan_s"] / allreduce[(c["preset"], c["message_bytes"])]
+            for c in cells
+            if c["collective"] == kind and (c["preset"], c["message_bytes"]) in allreduce
+        ]
+        if ratios:
+            out[kind] = {
+                "median_ratio": statistics.median(ratios),
+                "max_ratio": max(ratios),
+                "cells_slower": sum(r > PLAN_TIME_SLACK for r in ratios),
+                "cells": len(ratios),
+            }
+    return out
+
+
+def plan_time_text(comparison: dict[str, Any]) -> list[str]:
+    return [
+        f"- {kind} plan time / all_reduce plan time, same network and size: median {v['median_ratio']:.2f},"
+        f" max {v['max_ratio']:.2f}; {v['cells_slower']} of {v['cells']} cells above {PLAN_TIME_SLACK}"
+        f" (goal: no worse: {verdict(v['median_ratio'] <= 1.0)})"
+        for kind, v in comparison.items()
+    ]
+
+
+def goals_text(summary: dict[str, Any]) -> list[str]:
+    if summary.get("collective") not in (None, Collective.ALL_REDUCE.value):
+        return half_goals_text(summary)
     mix_values = summary["utilization_of_mix_bound_1GiB_up"]
     mix_missed = {k: v for k, v in mix_values.items() if v < 0.99}
     lines = [
@@ -206,7 +279,12 @@ def goals_text(summary: dict[str, Any]) -> list[str]:
 
 
 def write_markdown(
-    path: Path, cells: list[dict[str, Any]], summary: dict[str, Any], machine: str, repeat: int
+    path: Path,
+    cells: list[dict[str, Any]],
+    summaries: dict[str, dict[str, Any]],
+    plan_times: dict[str, Any],
+    machine: str,
+    repeat: int,
 ) -> None:
     lines = [
         f"# Planners benchmark ({machine}, {datetime.date.today().isoformat()})",
@@ -218,16 +296,25 @@ def write_markdown(
         "",
         "## Goals",
         "",
-        *goals_text(summary),
-        "",
     ]
-    by_preset: dict[str, list[dict[str, Any]]] = {}
+    for kind, summary in summaries.items():
+        lines += [f"{kind}:", "", *goals_text(summary), ""]
+    if plan_times:
+        lines += ["Plan time of ReduceScatter and AllGather:", "", *plan_time_text(plan_times), ""]
+    by_preset: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for cell in cells:
-        by_preset.setdefault(cell["preset"], []).append(cell)
+        by_preset.setdefault((cell["collective"], cell["preset"]), []).append(cell)
     names = list(PLANNERS)
-    for preset, group in by_preset.items():
+    for (kind, preset), group in by_preset.items():
         topology = PRESETS[preset]()
-        lines += [f"## {preset} ({topology.num_npus} NPUs)", "", "```", topology.describe(), "```", ""]
+        lines += [
+            f"## {kind}: {preset} ({topology.num_npus} NPUs)",
+            "",
+            "```",
+            topology.describe(),
+            "```",
+            "",
+        ]
         lines.append(
             "| message | T* ms | T_mix ms | hipipe ms | U | U/U_mix | best baseline | vs best | vs themis | vs themis-ideal | K | plan ms |"
         )
@@ -262,12 +349,13 @@ def write_plot(path: Path, cells: list[dict[str, Any]]) -> None:
     import matplotlib.pyplot as plt
 
     presets = list(dict.fromkeys(c["preset"] for c in cells))
-    columns = 3
-    rows = (len(presets) + columns - 1) // columns
-    figure, axes = plt.subplots(rows, columns, figsize=(5 * columns, 3.6 * rows), squeeze=False)
-    for index, preset in enumerate(presets):
+    kinds = list(dict.fromkeys(c["collective"] for c in cells))
+    columns = len(presets)
+    rows = len(kinds)
+    figure, axes = plt.subplots(rows, columns, figsize=(4 * columns, 3.4 * rows), squeeze=False)
+    for index, (kind, preset) in enumerate((k, p) for k in kinds for p in presets):
         axis = axes[index // columns][index % columns]
-        group = [c for c in cells if c["preset"] == preset]
+        group = [c for c in cells if c["preset"] == preset and c["collective"] == kind]
         sizes = [c["message_bytes"] / MIB for c in group]
         for name in PLANNERS:
             style = "-" if name == "hipipe" else ("--" if name.startswith("hipipe") else ":")
@@ -289,12 +377,10 @@ def write_plot(path: Path, cells: list[dict[str, Any]]) -> None:
         )
         axis.set_xscale("log", base=2)
         axis.set_ylim(0, 1.02)
-        axis.set_title(preset)
+        axis.set_title(f"{preset} · {kind}")
         axis.set_xlabel("message (MiB)")
         axis.set_ylabel("utilization T*/T")
         axis.grid(alpha=0.3)
-    for index in range(len(presets), rows * columns):
-        axes[index // columns][index % columns].axis("off")
     handles, labels = axes[0][0].get_legend_handles_labels()
     figure.legend(handles, labels, loc="lower center", ncol=5, fontsize=8)
     figure.tight_layout(rect=(0, 0.07, 1, 1))
@@ -307,25 +393,42 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="3 configurations x 3 messages")
     parser.add_argument("--out", type=Path, help="write the markdown report and the PNG plot here")
     parser.add_argument("--repeat", type=int, default=3, help="plan time = best of this many calls")
+    parser.add_argument(
+        "--collectives",
+        default=",".join(c.value for c in Collective),
+        help="comma-separated collectives (default: %(default)s)",
+    )
     args = parser.parse_args(argv)
     presets = QUICK_PRESETS if args.quick else tuple(PRESETS)
     messages = QUICK_MESSAGES if args.quick else MESSAGES
+    kinds = [Collective.parse(name) for name in args.collectives.split(",") if name.strip()]
     console = Console(width=200)
     cells: list[dict[str, Any]] = []
     plan(PRESETS["tpu-2d"](), MIB, "hipipe")  # warm-up: imports and first-call costs are not plan time
+    # Kinds interleaved per (network, size), so the load of the shared machine weighs on the
+    # plan times of the three alike (their ratio is a goal).
     for preset in presets:
-        group = [run_cell(preset, message, args.repeat) for message in messages]
-        cells.extend(group)
-        card(console, preset, group)
-    summary = summarize(cells)
-    console.print("Goals:")
-    for line in goals_text(summary):
+        for message in messages:
+            cells.extend(run_cell(preset, message, args.repeat, kind) for kind in kinds)
+        for kind in kinds:
+            card(
+                console, preset, [c for c in cells if c["preset"] == preset and c["collective"] == kind.value]
+            )
+    cells.sort(key=lambda c: [k.value for k in kinds].index(c["collective"]))  # stable: by kind
+    summaries = {kind.value: summarize([c for c in cells if c["collective"] == kind.value]) for kind in kinds}
+    plan_times = plan_time_comparison(cells)
+    for kind, summary in summaries.items():
+        console.print(f"Goals, {kind}:")
+        for line in goals_text(summary):
+            console.print(line, highlight=False)
+    for line in plan_time_text(plan_times):
         console.print(line, highlight=False)
+    summary = {"by_collective": summaries, "plan_time_vs_all_reduce": plan_times}
     machine = f"{os.cpu_count()}cpu"
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         stem = f"planners-{machine}-{datetime.date.today().isoformat()}"
-        write_markdown(args.out / f"{stem}.md", cells, summary, machine, args.repeat)
+        write_markdown(args.out / f"{stem}.md", cells, summaries, plan_times, machine, args.repeat)
         write_plot(args.out / f"{stem}.png", cells)
         console.print(f"wrote {args.out / stem}.md and .png")
     sys.stdout.flush()

@@ -21,6 +21,7 @@ from hipipe.planners.hipipe.sizing import SizingModel
 from hipipe.planners.hipipe.splitting import end_chunks, split_structure
 from hipipe.planners.hipipe.structure import Structure, assign_orders, op_table
 from hipipe.presets import PRESETS
+from hipipe.schedule import Collective
 from hipipe.simulator import simulate
 
 try:
@@ -45,7 +46,8 @@ def assert_valid(schedule, message_bytes: int) -> None:
     info = schedule.info
     if info.get("lp_makespan_s") is not None:
         assert math.isclose(info["lp_makespan_s"], schedule.makespan_s, rel_tol=1e-6)
-    assert schedule.makespan_s >= lower_bound_s(schedule.topology, message_bytes) * (1 - 1e-9)
+    bound_s = lower_bound_s(schedule.topology, message_bytes, schedule.collective)
+    assert schedule.makespan_s >= bound_s * (1 - 1e-9)
     json.dumps(dict(info), allow_nan=False)  # JSON-serializable, no NaN
     if check is not None:
         report = check(schedule)
@@ -66,7 +68,7 @@ def test_order_mix_of_a_symmetric_network_reaches_the_lower_bound():
 
 
 def test_order_mix_bound_of_rfs_3d_is_above_the_lower_bound():
-    """HIPIPE.md section 7: the 2-NPU ring halves the data once, U <= 0.871 on rfs-3d."""
+    """docs/MODEL.md section 5: the 2-NPU ring halves the data once, U <= 0.871 on rfs-3d."""
     topology = PRESETS["rfs-3d"]()
     ratio = lower_bound_s(topology, GIB) / order_mix_bound_s(topology, GIB)
     assert ratio == pytest.approx(0.871, abs=1e-3)
@@ -104,40 +106,47 @@ def test_lp_sizes_beat_uniform_sizes_on_a_two_dim_network():
         assert_valid(uniform, message)
 
 
-def test_lp_makespan_equals_longest_path_for_fixed_sequences():
-    """The LP's T for given sequences is what the simulator replays with its sizes."""
+@pytest.mark.parametrize("collective", list(Collective))
+def test_lp_makespan_equals_longest_path_for_fixed_sequences(collective):
+    """The LP's T for given sequences is what the longest path gives with its sizes."""
     topology = two_dim()
     mix = order_mix(topology)
     orders = assign_orders(mix.orders, mix.weights, 6)
-    table = op_table(topology, orders)
+    table = op_table(topology, orders, collective)
+    assert table.chain_length == 2 * collective.moves_per_byte
     sequences = list_schedule(table, table.durations_s(np.full(6, GIB / 6)), Rule.FIFO)
-    model = SizingModel(topology, GIB, orders, time_unit_s=0.01)
+    model = SizingModel(topology, GIB, orders, collective=collective, time_unit_s=0.01)
     sizing = model.solve(sequences)
     again = model.solve(sequences)  # warm start: the same optimum without pivoting
     assert again.iterations == 0
     assert again.makespan_s == pytest.approx(sizing.makespan_s, rel=1e-12)
     assert sizing.sizes_bytes.sum() == pytest.approx(GIB)
+    replay_s = longest_path_s(table, table.durations_s(sizing.sizes_bytes), sequences)
+    assert replay_s == pytest.approx(sizing.makespan_s, rel=1e-6)
 
 
-def test_split_chunks_run_back_to_back_and_never_lose_without_latency():
+@pytest.mark.parametrize("collective", list(Collective))
+def test_split_chunks_run_back_to_back_and_never_lose_without_latency(collective):
     """Splitting keeps each chunk's order and sequence slots; at zero latency the LP can
     give one half the whole chunk, so the split optimum is never worse."""
     topology = Topology(dims=(Dimension.make("ring", 4, 100, 0), Dimension.make("switch", 8, 25, 0)))
     mix = order_mix(topology)
     orders = assign_orders(mix.orders, mix.weights, 4)
-    table = op_table(topology, orders)
+    table = op_table(topology, orders, collective)
     sequences = list_schedule(table, table.durations_s(np.full(4, GIB / 4)), Rule.TAIL)
-    structure = Structure(orders=orders, sequences=sequences, source="mix")
+    structure = Structure(orders=orders, sequences=sequences, source="mix", collective=collective)
     for split in (end_chunks(structure), set(range(4))):
         halves = split_structure(structure, split)
         assert halves.num_chunks == 4 + len(split)
         assert sorted(halves.orders) == sorted((*orders, *(orders[j] for j in split)))
-        split_table = op_table(topology, halves.orders)
+        split_table = op_table(topology, halves.orders, collective)
         longest_path_s(
             split_table, split_table.durations_s(np.full(halves.num_chunks, 1.0)), halves.sequences
         )
-        whole = SizingModel(topology, GIB, orders, time_unit_s=0.01).solve(sequences)
-        parts = SizingModel(topology, GIB, halves.orders, time_unit_s=0.01).solve(halves.sequences)
+        whole = SizingModel(topology, GIB, orders, collective=collective, time_unit_s=0.01).solve(sequences)
+        parts = SizingModel(topology, GIB, halves.orders, collective=collective, time_unit_s=0.01).solve(
+            halves.sequences
+        )
         assert parts.makespan_s <= whole.makespan_s * (1 + 1e-9)
 
 
@@ -248,9 +257,16 @@ def test_extreme_inputs_plan_cleanly(topology, message):
 def test_forced_solver_failure_raises_solver_error_with_the_status():
     topology = two_dim()
     orders = ((0, 1), (1, 0), (0, 1))
-    table = op_table(topology, orders)
+    table = op_table(topology, orders, Collective.ALL_REDUCE)
     sequences = list_schedule(table, table.durations_s(np.full(3, GIB / 3)), Rule.FIFO)
-    model = SizingModel(topology, GIB, orders, time_unit_s=0.01, options={"simplex_iteration_limit": 0})
+    model = SizingModel(
+        topology,
+        GIB,
+        orders,
+        collective=Collective.ALL_REDUCE,
+        time_unit_s=0.01,
+        options={"simplex_iteration_limit": 0},
+    )
     with pytest.raises(SolverError, match="status"):
         model.solve(sequences)
 

@@ -4,7 +4,7 @@ The planners are read from the registry (``hipipe.planners.PLANNERS``), so a pla
 registered later is covered without touching this file. For each generated case:
 
 - the checker proves the schedule is an AllReduce (symbolically when N <= 64);
-- its makespan is never below the physical limit ``T*`` (HIPIPE.md section 7);
+- its makespan is never below the physical limit ``T*`` (docs/MODEL.md section 4);
 - the simulator replaying its sequences (fixed policy) reproduces the makespan;
 - the simulator is deterministic, and its re-queued schedules are AllReduces too;
 - the JSON form round-trips byte for byte, to an equal schedule.

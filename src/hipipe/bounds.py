@@ -1,4 +1,4 @@
-"""Bounds on any schedule: the order-mix bound ``T_mix`` (HIPIPE.md sections 5 and 7).
+"""Bounds on any schedule: the order-mix bound ``T_mix`` (derived in docs/MODEL.md).
 
 The *fluid LP* of section 5, step 1: choose what fraction ``x_pi`` of the message
 travels the dimensions in each order ``pi`` so that the busiest dimension is as idle as
@@ -10,6 +10,10 @@ Its optimum ``T_mix`` is the best any mix of hierarchical orders can do with per
 pipelining; ``T_mix >= T*`` (:func:`hipipe.cost.lower_bound_s`). It is linear in ``M``,
 so the LP is solved once per topology, per byte. The physical limit ``T*`` lives in
 :mod:`hipipe.cost`, next to the formulas it comes from.
+
+ReduceScatter and AllGather move each byte through one half of the AllReduce chain, so
+every ``V_k(pi)`` is halved: the same mix is optimal and ``T_mix`` halves. The functions
+below take the collective and scale the AllReduce loads by ``moves_per_byte / 2``.
 """
 
 import itertools
@@ -20,6 +24,7 @@ import highspy
 import numpy as np
 
 from hipipe.errors import SolverError
+from hipipe.schedule import Collective
 from hipipe.topology import Topology
 
 SUPPORT_EPSILON = 1e-9
@@ -113,42 +118,60 @@ def order_mix(topology: Topology) -> OrderMix:
     )
 
 
-def order_mix_bound_s(topology: Topology, message_bytes: float) -> float:
+def half_chain_scale(collective: Collective) -> float:
+    """Loads of ``collective`` relative to AllReduce's: 1 for AllReduce, 1/2 for RS or AG."""
+    return collective.moves_per_byte / 2
+
+
+def order_mix_bound_s(
+    topology: Topology, message_bytes: float, collective: Collective = Collective.ALL_REDUCE
+) -> float:
     """``T_mix``: optimum of the fluid LP for a message of ``message_bytes``."""
-    return order_mix(topology).time_per_byte_s * message_bytes
+    return order_mix(topology).time_per_byte_s * message_bytes * half_chain_scale(collective)
 
 
 def chunked_bound_s(
-    topology: Topology, message_bytes: float, num_chunks: int, *, loads: np.ndarray | None = None
+    topology: Topology,
+    message_bytes: float,
+    num_chunks: int,
+    *,
+    loads: np.ndarray | None = None,
+    collective: Collective = Collective.ALL_REDUCE,
 ) -> float:
     """A floor for every hierarchical schedule with ``num_chunks`` chunks.
 
-    Each chunk runs one RS and one AG on every dim, each paying the dim's latency
-    ``a_k steps_k``, on top of the dim's share of the fluid load:
-    ``T >= min_x max_k (2 K a_k steps_k + M load_k(x))``. Grows with K, so once it passes
-    the best makespan found, no larger K can help (the planner stops its search there).
-    ``loads`` is :func:`order_loads` of the topology, when the caller has it already.
+    Each chunk runs ``h`` ops on every dim (``h`` = 2 for AllReduce, an RS and an AG; 1
+    for RS or AG alone), each paying the dim's latency ``a_k steps_k``, on top of the
+    dim's share of the fluid load: ``T >= min_x max_k (h K a_k steps_k + M load_k(x))``.
+    Grows with K, so once it passes the best makespan found, no larger K can help (the
+    planner stops its search there). ``loads`` is :func:`order_loads` of the topology
+    (AllReduce loads, scaled here), when the caller has it already.
     """
-    constants = np.array([d.latency_s * d.latency_steps for d in topology.dims]) * 2 * num_chunks
-    load = order_loads(topology) if loads is None else loads
+    moves = collective.moves_per_byte
+    constants = np.array([d.latency_s * d.latency_steps for d in topology.dims]) * moves * num_chunks
+    load = (order_loads(topology) if loads is None else loads) * half_chain_scale(collective)
     scale = float(load.max()) * message_bytes + float(constants.max())
     _, time = _fluid_lp(load * message_bytes / scale, constants / scale)
     return time * scale
 
 
-def latency_aware_bound_s(topology: Topology, message_bytes: float) -> float:
+def latency_aware_bound_s(
+    topology: Topology, message_bytes: float, collective: Collective = Collective.ALL_REDUCE
+) -> float:
     """A floor for every hierarchical schedule once per-op latency is counted.
 
-    One chunk overlaps nothing: its time is its whole chain, ``2 sum_k a_k steps_k`` plus
+    One chunk overlaps nothing: its time is its whole chain, ``h sum_k a_k steps_k`` plus
     its order's bandwidth terms, at best in the order whose terms sum smallest (all D!
     orders are compared). Two chunks or more: :func:`chunked_bound_s` with K = 2. The
     floor is the smaller of the two; it shows when a utilization goal is out of reach of
     the cost model itself.
     """
     loads = order_loads(topology)
-    latency_s = sum(2 * d.latency_s * d.latency_steps for d in topology.dims)
-    chain_s = latency_s + float(loads.sum(axis=0).min()) * message_bytes
-    return float(min(chain_s, chunked_bound_s(topology, message_bytes, 2, loads=loads)))
+    moves = collective.moves_per_byte
+    latency_s = sum(moves * d.latency_s * d.latency_steps for d in topology.dims)
+    chain_s = latency_s + float(loads.sum(axis=0).min()) * half_chain_scale(collective) * message_bytes
+    two_chunks_s = chunked_bound_s(topology, message_bytes, 2, loads=loads, collective=collective)
+    return float(min(chain_s, two_chunks_s))
 
 
 def new_highs() -> Any:

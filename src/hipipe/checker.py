@@ -1,24 +1,47 @@
-"""The checker: proves that a schedule is an AllReduce, knowing nothing about planners.
+"""The checker: proves that a schedule is the collective it claims, knowing nothing about planners.
 
-A schedule is only trusted once this module accepts it (HIPIPE.md section 5, step 7).
-It never imports a planner: it reads the :class:`~hipipe.schedule.Schedule` alone.
+A schedule is only trusted once this module accepts it. It never imports a planner: it
+reads the :class:`~hipipe.schedule.Schedule` alone.
 
 Two layers:
 
-- **Structural checks**, always. The layout; chunk sizes summing to the message; each
+- **Structural checks**, always. The layout; chunk sizes summing to the message (and,
+  for ReduceScatter and AllGather, a message that splits into N equal shards); each
   chunk's order visiting every dim exactly once; each op's phase, dims and bytes
-  matching its chunk's chain (RS over ``order[0]``, ``order[1]``, ..., AG in reverse);
-  per-dim sequences listing exactly the ops on that dim, in start-time order; no dim
-  running two ops at once; chain precedence; sane times; the makespan; and durations
-  no shorter than the cost model. For hierarchical chains these prove the AllReduce:
-  an RS over every dim, each exactly once, leaves every rank with the full sum of one
-  1/N of the chunk, and the mirrored AGs spread it back.
+  matching its chunk's chain (AllReduce: RS over ``order[0]``, ``order[1]``, ..., AG in
+  reverse; ReduceScatter: the RS half; AllGather: the AG half); per-dim sequences
+  listing exactly the ops on that dim, in start-time order; no dim running two ops at
+  once; chain precedence; sane times; the makespan; and durations no shorter than the
+  cost model. For hierarchical chains these prove the collective: an RS over every dim,
+  each exactly once, leaves every rank with the full sum of one 1/N of the chunk, and
+  AGs over every dim spread such 1/N pieces to everyone.
 - **Symbolic execution**, for N <= ``symbolic_max_npus``. It does not trust that
-  argument: it moves symbolic bytes. Every rank starts with each chunk's whole piece
-  holding only its own contribution; ops run in time order on every group at once; at
-  the end every rank must hold every chunk whole, with each rank's contribution exactly
-  once. A byte reduced twice, a piece read before it exists, a group whose members work
-  on different pieces: each is reported in words.
+  argument: it moves symbolic bytes, per rank, per chunk, op by op in time order on
+  every group at once. A byte reduced twice, a piece read before it exists, a group
+  whose members work on different pieces or pieces that do not tile: each is reported
+  in words. What must hold at the end depends on the collective:
+
+  - AllReduce: every rank starts with each chunk whole, holding only its own
+    contribution, and must end with every chunk whole, each rank's contribution in it
+    exactly once.
+  - ReduceScatter: the same start; rank r must end with exactly the slice of *shard r*
+    (its own shard, as ``torch.distributed.reduce_scatter_tensor`` leaves it) summed
+    over all ranks, and nothing else. A schedule that leaves rank r with another rank's
+    shard is rejected, naming which rank holds which shard.
+  - AllGather: rank r starts with only its own shard's slice (its own data) and every
+    rank must end with every shard, shard s holding rank s's data, in rank order (as
+    ``all_gather_into_tensor`` lays them out).
+
+Shards in a chunk (ReduceScatter and AllGather). Chunk j holds the same slice of each of
+the N shards (:mod:`hipipe.schedule`). An executor stages those N slices in one buffer
+per chunk so that every RS and AG of the chain works on a contiguous piece of it: slot
+``u`` holds the slice of the rank whose *position* is ``u``, the position being the
+rank's coordinates read as a mixed-radix number with the group of ``order[0]`` as the
+most significant digit (inside a group, the group's first dim fastest, as member
+indices are numbered below). Under that staging an RS over ``order[0]`` hands member i
+the ranks whose digit of ``order[0]`` is i, and so on down the order, so rank r ends on
+its own slot; the checker moves bytes by slot and reads slots back as shards, so ops
+that run in another order than the chunk's leave shards permuted or do not tile.
 
 Symbolic representation: a chunk is cut into ``L`` units, ``L`` the product of the
 group sizes of all its ops, so every split an RS makes is exact in integers. A rank
@@ -34,7 +57,7 @@ from fractions import Fraction
 
 from hipipe.cost import op_time_s
 from hipipe.errors import ScheduleError
-from hipipe.schedule import Chunk, DimGroup, Op, Phase, Schedule, validate_layout
+from hipipe.schedule import Chunk, Collective, DimGroup, Op, Phase, Schedule, validate_layout
 from hipipe.topology import Topology
 from hipipe.units import format_time
 
@@ -67,17 +90,26 @@ class CheckReport:
     num_npus: int
     num_chunks: int
     num_ops: int
+    collective: Collective = Collective.ALL_REDUCE
 
     def summary(self) -> str:
         """One line for humans: the verdict, or the first problem and how many follow."""
         what = (
             f"{self.planner} schedule, {self.num_chunks} chunks, {self.num_ops} ops on {self.topology_label}"
         )
+        name = COLLECTIVE_NAMES[self.collective]
         if self.ok:
-            return f"OK: {what}: AllReduce proven ({self.method})"
+            return f"OK: {what}: {name} proven ({self.method})"
         more = len(self.problems) - 1
         tail = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
-        return f"{what} is not a valid AllReduce: {self.problems[0]}{tail}"
+        return f"{what} is not a valid {name}: {self.problems[0]}{tail}"
+
+
+COLLECTIVE_NAMES: dict[Collective, str] = {
+    Collective.ALL_REDUCE: "AllReduce",
+    Collective.REDUCE_SCATTER: "ReduceScatter",
+    Collective.ALL_GATHER: "AllGather",
+}
 
 
 class _Problems:
@@ -105,7 +137,7 @@ def check(
     rel_tol: float = REL_TOL,
     check_durations: bool = True,
 ) -> CheckReport:
-    """Prove that ``schedule`` is an AllReduce, or say in words why it is not."""
+    """Prove that ``schedule`` is the collective it says it is, or say in words why it is not."""
     problems = _Problems()
     topology = schedule.topology
     symbolic = topology.num_npus <= symbolic_max_npus
@@ -129,6 +161,7 @@ def check(
         num_npus=topology.num_npus,
         num_chunks=len(schedule.chunks),
         num_ops=len(schedule.ops),
+        collective=schedule.collective,
     )
 
 
@@ -207,6 +240,12 @@ def _check_sizes(schedule: Schedule, problems: _Problems, rel_tol: float) -> Non
             f"chunk sizes sum to {total!r} bytes but the message is {schedule.message_bytes} bytes"
             f" ({len(schedule.chunks)} chunks): every byte must be in exactly one chunk"
         )
+    n = schedule.topology.num_npus
+    if schedule.collective is not Collective.ALL_REDUCE and schedule.message_bytes % n:
+        problems.add(
+            f"a {schedule.collective.value} of {schedule.message_bytes} bytes cannot be cut into {n}"
+            f" equal shards, one per rank: the message must be a multiple of {n} bytes"
+        )
 
 
 def _check_orders(schedule: Schedule, problems: _Problems) -> None:
@@ -235,7 +274,7 @@ def _check_chains(schedule: Schedule, problems: _Problems, rel_tol: float) -> No
     for chunk in schedule.chunks:
         if any(not 0 <= k < topology.num_dims for g in chunk.order for k in g):
             continue  # already reported; the chain cannot be derived
-        expected_chain = _expected_chain(topology, chunk)
+        expected_chain = _expected_chain(topology, chunk, schedule.collective)
         for op, (phase, dims, input_bytes, output_bytes) in zip(
             schedule.chunk_ops(chunk.index), expected_chain, strict=True
         ):
@@ -261,11 +300,13 @@ ChainStep = tuple[Phase, DimGroup, float, float]
 """``(phase, dims, input_bytes, output_bytes)`` of one op of a chain."""
 
 
-def _expected_chain(topology: Topology, chunk: Chunk) -> list[ChainStep]:
-    """The chain derived here from HIPIPE.md section 4, not borrowed from the planners' helpers.
+def _expected_chain(topology: Topology, chunk: Chunk, collective: Collective) -> list[ChainStep]:
+    """The chain derived here (docs/MODEL.md), not borrowed from the planners' helpers.
 
     RS over ``order[0]``, ``order[1]``, ... each dividing the piece by its group's size,
-    then AG over the same groups in reverse, each multiplying it back.
+    then AG over the same groups in reverse, each multiplying it back. ReduceScatter is
+    the first half alone, AllGather the second half alone: both read ``order`` in RS
+    order, so an AllGather starts on ``order[-1]`` with a 1/N piece.
     """
     piece_bytes = [chunk.size_bytes]
     for group in chunk.order:
@@ -273,6 +314,10 @@ def _expected_chain(topology: Topology, chunk: Chunk) -> list[ChainStep]:
     levels = range(len(chunk.order))
     reduce = [(Phase.RS, chunk.order[i], piece_bytes[i], piece_bytes[i + 1]) for i in levels]
     gather = [(Phase.AG, chunk.order[i], piece_bytes[i + 1], piece_bytes[i]) for i in reversed(levels)]
+    if collective is Collective.REDUCE_SCATTER:
+        return reduce
+    if collective is Collective.ALL_GATHER:
+        return gather
     return reduce + gather
 
 
@@ -373,7 +418,13 @@ class _ChunkRun:
     units: int
     pieces: list[Piece]
     held: list[list[Segment]]
+    positions: list[int] | None = None
+    """ReduceScatter/AllGather: rank -> slot of the staged chunk holding its shard's slice."""
     in_flight: tuple[Op, list[Piece], list[list[Segment]]] | None = None
+
+    @property
+    def slot_units(self) -> int:
+        return self.units // len(self.pieces)
 
 
 def _execute_symbolically(schedule: Schedule, problems: _Problems, *, tol_s: float) -> None:
@@ -383,32 +434,76 @@ def _execute_symbolically(schedule: Schedule, problems: _Problems, *, tol_s: flo
     its input when it starts and delivers its output when it ends; one op of a chunk
     runs at a time, so an op starting while another is running reads nothing.
     """
+    topology = schedule.topology
+    collective = schedule.collective
     groups_by_dims: dict[DimGroup, list[list[int]]] = {}
     for chunk in schedule.chunks:
         ops = schedule.chunk_ops(chunk.index)
-        run = _new_chunk_run(schedule.topology, chunk.index, ops)
+        if collective is not Collective.ALL_REDUCE and not _visits_each_dim_once(topology, chunk):
+            continue  # no staging of shards without a valid order (already reported)
+        run = _new_chunk_run(topology, chunk, ops, collective)
         try:
             for op in _start_order(ops, tol_s):
                 _deliver_if_done(run, op, tol_s)
                 dims = tuple(sorted(set(op.dims)))
                 if dims not in groups_by_dims:
-                    groups_by_dims[dims] = _groups(schedule.topology, dims)
+                    groups_by_dims[dims] = _groups(topology, dims)
                 _start(run, op, groups_by_dims[dims])
             _deliver_if_done(run, None, tol_s)
-            _check_final(run, schedule.topology.num_npus)
+            if collective is Collective.REDUCE_SCATTER:
+                _check_final_scatter(run)
+            elif collective is Collective.ALL_GATHER:
+                _check_final_gather(run)
+            else:
+                _check_final(run, topology.num_npus)
         except _Violation as exc:
             problems.add(f"symbolic run: {exc}")
 
 
-def _new_chunk_run(topology: Topology, chunk: int, ops: Sequence[Op]) -> _ChunkRun:
-    units = math.prod(_group_size(topology, op.dims) for op in ops)
+def _visits_each_dim_once(topology: Topology, chunk: Chunk) -> bool:
+    dims = [k for group in chunk.order for k in group]
+    return sorted(dims) == list(range(topology.num_dims))
+
+
+def _new_chunk_run(topology: Topology, chunk: Chunk, ops: Sequence[Op], collective: Collective) -> _ChunkRun:
     num_npus = topology.num_npus
-    return _ChunkRun(
-        chunk=chunk,
-        units=units,
-        pieces=[(0, units)] * num_npus,
-        held=[[(0, units, 1 << rank)] for rank in range(num_npus)],
-    )
+    units = math.prod(_group_size(topology, op.dims) for op in ops)
+    if collective is Collective.ALL_REDUCE:
+        return _ChunkRun(
+            chunk=chunk.index,
+            units=units,
+            pieces=[(0, units)] * num_npus,
+            held=[[(0, units, 1 << rank)] for rank in range(num_npus)],
+        )
+    units *= num_npus  # N slots, each still cut exactly by every RS of the chain
+    positions = _staging_positions(topology, chunk.order)
+    width = units // num_npus
+    if collective is Collective.REDUCE_SCATTER:
+        pieces = [(0, units)] * num_npus
+        held = [[(0, units, 1 << rank)] for rank in range(num_npus)]
+    else:  # AllGather: each rank holds its own shard's slice, in its own slot
+        pieces = [(positions[r] * width, (positions[r] + 1) * width) for r in range(num_npus)]
+        held = [[(lo, hi, 1 << rank)] for rank, (lo, hi) in enumerate(pieces)]
+    return _ChunkRun(chunk=chunk.index, units=units, pieces=pieces, held=held, positions=positions)
+
+
+def _staging_positions(topology: Topology, order: Sequence[DimGroup]) -> list[int]:
+    """Rank -> slot: coordinates as a mixed-radix number, ``order[0]``'s group most significant.
+
+    Inside a group the digit is the member index of :func:`_groups` (the group's first
+    dim fastest), the index an RS over the group uses to hand out sub-pieces.
+    """
+    positions = []
+    for rank in range(topology.num_npus):
+        coords = topology.coords(rank)
+        position = 0
+        for group in order:
+            digit = 0
+            for k in reversed(group):
+                digit = digit * topology.dims[k].size + coords[k]
+            position = position * _group_size(topology, group) + digit
+        positions.append(position)
+    return positions
 
 
 def _group_size(topology: Topology, dims: Iterable[int]) -> int:
@@ -592,6 +687,70 @@ def _check_final(run: _ChunkRun, num_npus: int) -> None:
             raise _Violation(
                 f"chunk {run.chunk}: at the end rank {rank} does not hold the full sum: {'; '.join(missing)}"
             )
+
+
+def _check_final_scatter(run: _ChunkRun) -> None:
+    """Rank r holds exactly its own shard's slice, summed over all ranks, and nothing else."""
+    assert run.positions is not None
+    num_npus = len(run.pieces)
+    everyone = (1 << num_npus) - 1
+    width = run.slot_units
+    owners = _owners(run)
+    wrong: list[str] = []
+    for rank, segments in enumerate(run.held):
+        slot = run.positions[rank]
+        if segments == [(slot * width, (slot + 1) * width, everyone)]:
+            continue
+        holds = []
+        for lo, hi, mask in segments:
+            for u in range(lo // width, (hi - 1) // width + 1):
+                part = "" if lo <= u * width and (u + 1) * width <= hi else "part of "
+                missing = "" if mask == everyone else f" lacking {_ranks_text(everyone & ~mask)}"
+                holds.append(f"{part}shard {owners[u]}{missing}")
+        wrong.append(f"rank {rank} holds {', '.join(holds[:3])}{', ...' if len(holds) > 3 else ''}")
+    if wrong:
+        shown = "; ".join(wrong[:4]) + ("; ..." if len(wrong) > 4 else "")
+        raise _Violation(
+            f"chunk {run.chunk}: shards are not left in rank order ({shown}); after a ReduceScatter"
+            f" rank r must hold exactly shard r, summed over all {num_npus} ranks"
+        )
+
+
+def _check_final_gather(run: _ChunkRun) -> None:
+    """Every rank holds every shard, shard s carrying rank s's data, in rank order."""
+    owners = _owners(run)
+    width = run.slot_units
+    expected = [(u * width, (u + 1) * width, 1 << owners[u]) for u in range(len(owners))]
+    for rank, segments in enumerate(run.held):
+        if segments == expected:
+            continue
+        problems = []
+        covered = {u for lo, hi, _ in segments for u in range(lo // width, (hi - 1) // width + 1)}
+        lacking = [owners[u] for u in range(len(owners)) if u not in covered]
+        if lacking:
+            problems.append(f"lacks shard{'s' if len(lacking) > 1 else ''} {_list_text(sorted(lacking))}")
+        for lo, hi, mask in segments:
+            for u in range(lo // width, (hi - 1) // width + 1):
+                if mask != 1 << owners[u]:
+                    problems.append(f"holds {_ranks_text(mask)}'s data where shard {owners[u]} belongs")
+        raise _Violation(
+            f"chunk {run.chunk}: after the AllGather rank {rank} {'; '.join(problems[:3]) or 'is wrong'}"
+        )
+
+
+def _owners(run: _ChunkRun) -> list[int]:
+    """Slot -> the rank whose shard it stages (the inverse of ``run.positions``)."""
+    assert run.positions is not None
+    owners = [0] * len(run.positions)
+    for rank, slot in enumerate(run.positions):
+        owners[slot] = rank
+    return owners
+
+
+def _list_text(values: Sequence[int]) -> str:
+    return ", ".join(str(v) for v in values[:6]) + (
+        f", ... ({len(values)} in all)" if len(values) > 6 else ""
+    )
 
 
 # ---------------------------------------------------------------- words

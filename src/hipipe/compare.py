@@ -11,8 +11,9 @@ from typing import Any
 
 from hipipe.bounds import order_mix_bound_s
 from hipipe.cost import lower_bound_s
-from hipipe.planners import get_planner
+from hipipe.planners import get_planner, validate_request
 from hipipe.planners import plan as run_planner
+from hipipe.schedule import Collective
 from hipipe.topology import Topology
 from hipipe.topology_io import topology_to_dict
 
@@ -28,11 +29,12 @@ class PlannerResult:
     size_bytes: int
     time_s: float
     utilization: float
-    """``T* / time_s`` (HIPIPE.md section 7)."""
+    """``T* / time_s`` (docs/MODEL.md section 4)."""
     mix_utilization: float
     """``T_mix / time_s``: how close to the best any hierarchical order mix can do."""
     num_chunks: int
     plan_time_s: float
+    collective: Collective = Collective.ALL_REDUCE
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -47,6 +49,7 @@ class Comparison:
     topology: Topology
     bounds: tuple[SizeBounds, ...]
     results: tuple[PlannerResult, ...]
+    collective: Collective = Collective.ALL_REDUCE
 
     def for_size(self, size_bytes: int) -> list[PlannerResult]:
         return [r for r in self.results if r.size_bytes == size_bytes]
@@ -58,16 +61,20 @@ def compare(
     planners: Sequence[str] = DEFAULT_PLANNERS,
     *,
     num_chunks: int | None = None,
+    collective: Collective | str = Collective.ALL_REDUCE,
     on_progress: Callable[[str, int], None] | None = None,
 ) -> Comparison:
     """Plan every (size, planner) pair; ``on_progress(planner, size)`` after each one."""
+    kind = Collective.parse(collective)
     for name in planners:
-        get_planner(name)  # fail on a typo before any work is done
+        get_planner(name)  # fail on a typo or a bad size before any work is done
+    for size in sizes_bytes:
+        validate_request(topology, size, num_chunks=num_chunks, collective=kind)
     bounds = tuple(
         SizeBounds(
             size_bytes=size,
-            lower_bound_s=lower_bound_s(topology, size),
-            order_mix_bound_s=order_mix_bound_s(topology, size),
+            lower_bound_s=lower_bound_s(topology, size, kind),
+            order_mix_bound_s=order_mix_bound_s(topology, size, kind),
         )
         for size in sizes_bytes
     )
@@ -75,7 +82,7 @@ def compare(
     for bound in bounds:
         for name in planners:
             started = time.perf_counter()
-            schedule = run_planner(topology, bound.size_bytes, name, num_chunks=num_chunks)
+            schedule = run_planner(topology, bound.size_bytes, name, num_chunks=num_chunks, collective=kind)
             plan_time_s = time.perf_counter() - started
             results.append(
                 PlannerResult(
@@ -86,17 +93,19 @@ def compare(
                     mix_utilization=bound.order_mix_bound_s / schedule.makespan_s,
                     num_chunks=schedule.num_chunks,
                     plan_time_s=plan_time_s,
+                    collective=kind,
                 )
             )
             if on_progress is not None:
                 on_progress(name, bound.size_bytes)
-    return Comparison(topology=topology, bounds=bounds, results=tuple(results))
+    return Comparison(topology=topology, bounds=bounds, results=tuple(results), collective=kind)
 
 
 def comparison_to_dict(comparison: Comparison) -> dict[str, Any]:
     """The ``hipipe compare --json`` document."""
     topo = comparison.topology
     return {
+        "collective": comparison.collective.value,
         "topology": {"label": topo.label(), "num_npus": topo.num_npus, **topology_to_dict(topo)},
         "bounds": [
             {
@@ -108,6 +117,7 @@ def comparison_to_dict(comparison: Comparison) -> dict[str, Any]:
         ],
         "results": [
             {
+                "collective": r.collective.value,
                 "planner": r.planner,
                 "size_bytes": r.size_bytes,
                 "time_s": r.time_s,

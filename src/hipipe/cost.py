@@ -1,4 +1,4 @@
-"""The alpha-beta cost model, written out once (HIPIPE.md sections 3, 4 and 7).
+"""The alpha-beta cost model, written out once (derived in docs/MODEL.md).
 
 An op is a ReduceScatter (RS) or AllGather (AG) over a *group* of dimensions: one
 dimension for the hierarchical algorithms, all of them for the flat ring. ``full_bytes``
@@ -13,6 +13,7 @@ is the per-NPU buffer on the wide side of the op: the RS input, the AG output.
 import math
 from collections.abc import Sequence
 
+from hipipe.schedule import Collective
 from hipipe.topology import HOPS_PER_STEP, Topology
 
 
@@ -50,37 +51,56 @@ def op_time_coefficients(topology: Topology, dims: Sequence[int]) -> tuple[float
     return (n - 1) * slowest_latency, (n - 1) / n / slowest_bandwidth
 
 
-def lower_bound_s(topology: Topology, message_bytes: float) -> float:
-    """``T* = 2 (N-1)/N * M / sum_k B_k``: every link of every NPU busy all the time."""
-    n = topology.num_npus
-    return 2 * (n - 1) / n * message_bytes / sum(d.bandwidth_bytes_per_s for d in topology.dims)
+def lower_bound_s(
+    topology: Topology, message_bytes: float, collective: Collective = Collective.ALL_REDUCE
+) -> float:
+    """``T* = h (N-1)/N * M / sum_k B_k``: every link of every NPU busy all the time.
 
-
-def volume_per_byte(topology: Topology, order: Sequence[int]) -> list[float]:
-    """``V_k(pi) = 2 (n_k-1)/n_k / prod_{j before k in pi} n_j`` for every dimension k.
-
-    Bytes dimension k carries (RS + AG) per byte of message for a chunk in ``order``.
-    Sums to ``2 (N-1)/N`` whatever the order.
+    ``h`` is :attr:`Collective.moves_per_byte`: 2 for AllReduce (an RS then an AG), 1 for
+    ReduceScatter or AllGather alone. ``M`` is always the full per-rank buffer.
     """
+    n = topology.num_npus
+    moves = collective.moves_per_byte
+    return moves * (n - 1) / n * message_bytes / sum(d.bandwidth_bytes_per_s for d in topology.dims)
+
+
+def volume_per_byte(
+    topology: Topology, order: Sequence[int], collective: Collective = Collective.ALL_REDUCE
+) -> list[float]:
+    """``V_k(pi) = h (n_k-1)/n_k / prod_{j before k in pi} n_j`` for every dimension k.
+
+    Bytes dimension k carries per byte of message for a chunk in ``order`` (``h`` as in
+    :func:`lower_bound_s`). Sums to ``h (N-1)/N`` whatever the order.
+    """
+    moves = collective.moves_per_byte
     volumes = [0.0] * topology.num_dims
     shrink = 1.0
     for k in order:
         n_k = topology.dims[k].size
-        volumes[k] = 2 * (n_k - 1) / n_k / shrink
+        volumes[k] = moves * (n_k - 1) / n_k / shrink
         shrink *= n_k
     return volumes
 
 
-def utilization(topology: Topology, message_bytes: float, time_s: float) -> float:
-    """Bandwidth utilization ``U = T* / T``."""
-    return lower_bound_s(topology, message_bytes) / time_s if time_s > 0 else 0.0
+def utilization(
+    topology: Topology, message_bytes: float, time_s: float, collective: Collective = Collective.ALL_REDUCE
+) -> float:
+    """Bandwidth utilization ``U = T* / T`` (``T*`` of the same collective)."""
+    return lower_bound_s(topology, message_bytes, collective) / time_s if time_s > 0 else 0.0
 
 
 def algbw_bytes_per_s(message_bytes: float, time_s: float) -> float:
-    """nccl-tests ``algbw = M / t``."""
+    """nccl-tests ``algbw = M / t`` (``M`` the full per-rank buffer for every collective)."""
     return message_bytes / time_s
 
 
-def busbw_bytes_per_s(message_bytes: float, time_s: float, num_npus: int) -> float:
-    """nccl-tests ``busbw = algbw * 2 (N-1)/N``."""
-    return algbw_bytes_per_s(message_bytes, time_s) * 2 * (num_npus - 1) / num_npus
+def bus_factor(num_npus: int, collective: Collective = Collective.ALL_REDUCE) -> float:
+    """nccl-tests' busbw factor: ``2 (N-1)/N`` for AllReduce, ``(N-1)/N`` for RS and AG."""
+    return collective.moves_per_byte * (num_npus - 1) / num_npus
+
+
+def busbw_bytes_per_s(
+    message_bytes: float, time_s: float, num_npus: int, collective: Collective = Collective.ALL_REDUCE
+) -> float:
+    """nccl-tests ``busbw = algbw * bus_factor``: comparable with the links' speed for every kind."""
+    return algbw_bytes_per_s(message_bytes, time_s) * bus_factor(num_npus, collective)

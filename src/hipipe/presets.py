@@ -1,4 +1,4 @@
-"""The reference configurations of HIPIPE.md section 9, as small named factories.
+"""The reference configurations (the six networks of the benchmarks), as small named factories.
 
 Bandwidths in GB/s (1 GB = 1e9 B) and per-link latencies in ns. The numbers are
 representative; the shapes follow public ASTRA-sim and LIBRA inputs.
@@ -78,6 +78,6 @@ PRESETS: dict[str, Callable[[], Topology]] = {
     "libra-4d": libra_4d,
     "tpu-2d": tpu_2d,
 }
-"""Name -> factory, in the order of HIPIPE.md section 9."""
+"""Name -> factory, in the order the benchmarks report them."""
 
 DEFAULT_PRESET = "rfs-3d"

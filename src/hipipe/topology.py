@@ -1,6 +1,6 @@
 """The network model: a :class:`Topology` is an ordered list of :class:`Dimension`.
 
-HIPIPE.md section 2. Dimension 0 varies fastest in a rank's coordinates. Latency is
+See docs/MODEL.md section 1. Dimension 0 varies fastest in a rank's coordinates. Latency is
 per link; how many links one step of a collective crosses depends on the dimension's
 kind (a switch step crosses 2 hops: NPU -> switch -> NPU), and how many steps an op
 takes depends on the per-dimension algorithm (:mod:`hipipe.cost`).
@@ -101,7 +101,7 @@ class Dimension:
     def latency_steps(self) -> int:
         """Link latencies paid by one ReduceScatter or AllGather on this dimension.
 
-        Steps (HIPIPE.md section 3) times the links one step crosses: ring algorithm
+        Steps (docs/MODEL.md section 2) times the links one step crosses: ring algorithm
         n-1 steps, direct 1 step, halving-doubling log2(n) steps.
         """
         hops = HOPS_PER_STEP[self.kind]

@@ -1,6 +1,6 @@
 """Parsing and formatting of quantities with units.
 
-Conventions (HIPIPE.md section 2): 1 GB = 1e9 bytes for bandwidths; sizes accept both
+Conventions (docs/MODEL.md section 1): 1 GB = 1e9 bytes for bandwidths; sizes accept both
 decimal (KB, MB, GB) and binary (KiB, MiB, GiB) prefixes; a bare byte count is bytes.
 Inside the library every quantity is an SI base unit (bytes, bytes/s, seconds).
 """

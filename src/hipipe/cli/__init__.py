@@ -33,7 +33,7 @@ EXIT_USER_ERROR = 2
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hipipe",
-        description="Plan, simulate, check and run pipelined hierarchical AllReduce.",
+        description="Plan, simulate, check and run pipelined hierarchical collectives.",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMAND_MODULES:

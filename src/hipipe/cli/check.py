@@ -1,4 +1,4 @@
-"""``hipipe check``: prove that a schedule JSON is an AllReduce, or say why it is not."""
+"""``hipipe check``: prove that a schedule JSON is the collective it says it is, or say why not."""
 
 import argparse
 import sys
@@ -7,14 +7,14 @@ from pathlib import Path
 from hipipe.checker import SYMBOLIC_MAX_NPUS, check
 from hipipe.schedule import Schedule
 
-EXIT_NOT_ALLREDUCE = 2
+EXIT_INVALID_SCHEDULE = 2
 """Same code as any user error: the schedule the user gave us is wrong."""
 
 
 def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     parser = subparsers.add_parser(
         "check",
-        help="prove that a schedule JSON is an AllReduce (symbolic run up to 64 NPUs)",
+        help="prove that a schedule JSON is its collective (symbolic run up to 64 NPUs)",
     )
     parser.add_argument("schedule", help="schedule JSON written by `hipipe plan --json`")
     parser.add_argument(
@@ -42,4 +42,4 @@ def run(args: argparse.Namespace) -> int:
     for problem in report.problems:
         print(f"  - {problem}")
     print(f"hipipe: error: {report.summary()}", file=sys.stderr)
-    return EXIT_NOT_ALLREDUCE
+    return EXIT_INVALID_SCHEDULE

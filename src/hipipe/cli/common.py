@@ -8,6 +8,7 @@ from rich.console import Console
 
 from hipipe.errors import HipipeError
 from hipipe.presets import DEFAULT_PRESET
+from hipipe.schedule import Collective
 from hipipe.topology import Topology
 from hipipe.topology_io import load_topology
 
@@ -24,6 +25,22 @@ def add_topology_argument(parser: argparse.ArgumentParser, *, optional: bool) ->
         )
     else:
         parser.add_argument("topology", help=TOPOLOGY_HELP)
+
+
+def add_collective_argument(parser: argparse.ArgumentParser) -> None:
+    """``--collective``; checked by :meth:`Collective.parse` (one-line error, exit 2), not
+    argparse choices (whose error is a usage block)."""
+    names = "|".join(c.value for c in Collective)
+    parser.add_argument(
+        "--collective",
+        default=Collective.ALL_REDUCE.value,
+        metavar=names,
+        help="what to plan; message sizes are the full per-rank buffer (default: %(default)s)",
+    )
+
+
+def collective_from_args(args: argparse.Namespace) -> Collective:
+    return Collective.parse(args.collective)
 
 
 def topology_from_args(args: argparse.Namespace) -> Topology:

@@ -6,7 +6,14 @@ import sys
 
 from rich.progress import Progress
 
-from hipipe.cli.common import add_topology_argument, stderr_console, stdout_console, topology_from_args
+from hipipe.cli.common import (
+    add_collective_argument,
+    add_topology_argument,
+    collective_from_args,
+    stderr_console,
+    stdout_console,
+    topology_from_args,
+)
 from hipipe.compare import DEFAULT_PLANNERS, DEFAULT_SIZES_BYTES, compare, comparison_to_dict
 from hipipe.report.table import print_comparison
 from hipipe.units import format_size, parse_sizes_bytes
@@ -28,6 +35,7 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
     parser.add_argument(
         "--chunks", type=int, default=None, help="force the number of chunks of every planner"
     )
+    add_collective_argument(parser)
     parser.add_argument(
         "--json", action="store_true", help="print one JSON document on stdout and nothing else"
     )
@@ -37,6 +45,7 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
 def run(args: argparse.Namespace) -> int:
     topology = topology_from_args(args)
     sizes = parse_sizes_bytes(args.sizes)
+    collective = collective_from_args(args)
     planners = [p.strip() for p in args.planners.split(",") if p.strip()]
     total = len(sizes) * len(planners)
     if sys.stderr.isatty() and not args.json:
@@ -47,10 +56,11 @@ def run(args: argparse.Namespace) -> int:
                 sizes,
                 planners,
                 num_chunks=args.chunks,
+                collective=collective,
                 on_progress=lambda name, size: progress.advance(task),
             )
     else:
-        comparison = compare(topology, sizes, planners, num_chunks=args.chunks)
+        comparison = compare(topology, sizes, planners, num_chunks=args.chunks, collective=collective)
     if args.json:
         print(json.dumps(comparison_to_dict(comparison), indent=1))
     else:

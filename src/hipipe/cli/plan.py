@@ -2,7 +2,14 @@
 
 import argparse
 
-from hipipe.cli.common import add_topology_argument, check_output_path, stdout_console, topology_from_args
+from hipipe.cli.common import (
+    add_collective_argument,
+    add_topology_argument,
+    check_output_path,
+    collective_from_args,
+    stdout_console,
+    topology_from_args,
+)
 from hipipe.files import atomic_write_text
 from hipipe.planners import PLANNERS, plan
 from hipipe.report.explain import explain
@@ -12,9 +19,10 @@ from hipipe.units import parse_size_bytes
 
 
 def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
-    parser = subparsers.add_parser("plan", help="plan one AllReduce and write its schedule")
+    parser = subparsers.add_parser("plan", help="plan one collective and write its schedule")
     add_topology_argument(parser, optional=False)
     parser.add_argument("--size", required=True, help="message size, e.g. 64MiB or 1GB")
+    add_collective_argument(parser)
     parser.add_argument(
         "--planner", default="hipipe", help=f"one of: {', '.join(PLANNERS)} (default: hipipe)"
     )
@@ -28,9 +36,10 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
 def run(args: argparse.Namespace) -> int:
     topology = topology_from_args(args)
     size_bytes = parse_size_bytes(args.size)
+    collective = collective_from_args(args)
     json_path = check_output_path(args.json, suffix=None)
     gantt_path = check_output_path(args.gantt, suffix=".png")
-    schedule = plan(topology, size_bytes, args.planner, num_chunks=args.chunks)
+    schedule = plan(topology, size_bytes, args.planner, num_chunks=args.chunks, collective=collective)
     if args.json == "-":
         print(schedule.to_json(), end="")
         return 0

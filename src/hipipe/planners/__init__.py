@@ -115,10 +115,32 @@ def plan(
     num_chunks: int | None = None,
     collective: Collective | str = Collective.ALL_REDUCE,
 ) -> Schedule:
-    """Run one planner by name for one collective (``all_reduce`` by default)."""
+    """Run one planner by name for one collective (``all_reduce`` by default).
+
+    The one place the request is validated: the planner functions trust what they get.
+    """
+    spec = get_planner(planner)
+    kind = Collective.parse(collective)
+    validate_request(topology, message_bytes, num_chunks=num_chunks, collective=kind)
+    return spec.function(topology, message_bytes, num_chunks=num_chunks, collective=kind)
+
+
+def validate_request(
+    topology: Topology, message_bytes: int, *, num_chunks: int | None, collective: Collective
+) -> None:
+    """One-line :class:`HipipeError` for a message or chunk number no planner can take.
+
+    ReduceScatter and AllGather cut the buffer into N equal shards, one per rank, so their
+    message must be a whole multiple of N bytes (torch's reduce_scatter_tensor and
+    all_gather_into_tensor require the same of the element count).
+    """
     if isinstance(message_bytes, bool) or not isinstance(message_bytes, int) or message_bytes <= 0:
         raise HipipeError(f"message size must be a positive whole number of bytes, got {message_bytes!r}")
-    if num_chunks is not None and num_chunks < 1:
+    if num_chunks is not None and (isinstance(num_chunks, bool) or num_chunks < 1):
         raise HipipeError(f"the number of chunks must be >= 1, got {num_chunks}")
-    kind = Collective.parse(collective)
-    return get_planner(planner).function(topology, message_bytes, num_chunks=num_chunks, collective=kind)
+    n = topology.num_npus
+    if collective is not Collective.ALL_REDUCE and message_bytes % n:
+        raise HipipeError(
+            f"{collective.value} splits the message into {n} equal shards (one per rank): {message_bytes}"
+            f" bytes is not a multiple of {n}; use e.g. {(message_bytes // n + 1) * n} bytes"
+        )

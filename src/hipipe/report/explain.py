@@ -57,9 +57,10 @@ def explain(schedule: Schedule) -> str:
     from hipipe.planners import PLANNERS
 
     spec = PLANNERS.get(schedule.planner)
-    bound_s = lower_bound_s(schedule.topology, schedule.message_bytes)
+    bound_s = lower_bound_s(schedule.topology, schedule.message_bytes, schedule.collective)
     header = [
-        f"{schedule.planner}: {schedule.num_chunks} chunks, makespan {format_time(schedule.makespan_s)}",
+        f"{schedule.planner} {schedule.collective.value}: {schedule.num_chunks} chunks,"
+        f" makespan {format_time(schedule.makespan_s)}",
         f"lower bound T* {format_time(bound_s)}, utilization {bound_s / schedule.makespan_s:.2%}",
         "chunks (size, order):",
     ]

@@ -26,7 +26,7 @@ def comparison_tables(comparison: Comparison) -> list[Table]:
         fastest_s = min(r.time_s for r in rows)
         table = Table(
             title=(
-                f"{comparison.topology.label()} · {format_size(bound.size_bytes)} · "
+                f"{comparison.topology.label()} · {comparison.collective.value} · {format_size(bound.size_bytes)} · "
                 f"T* {format_time(bound.lower_bound_s)} · T_mix {format_time(bound.order_mix_bound_s)}"
             ),
             title_justify="left",
@@ -61,10 +61,11 @@ def print_comparison(comparison: Comparison, console: Console) -> None:
 
 def schedule_summary(schedule: Schedule) -> Table:
     """Key numbers of one schedule."""
-    bound_s = lower_bound_s(schedule.topology, schedule.message_bytes)
+    bound_s = lower_bound_s(schedule.topology, schedule.message_bytes, schedule.collective)
     table = Table(show_header=False, title=f"{schedule.planner} plan", title_justify="left")
     table.add_column("what")
     table.add_column("value")
+    table.add_row("collective", schedule.collective.value)
     table.add_row("topology", f"{schedule.topology.label()} ({schedule.topology.num_npus} NPUs)")
     table.add_row("message", format_size(schedule.message_bytes))
     table.add_row("chunks", str(schedule.num_chunks))

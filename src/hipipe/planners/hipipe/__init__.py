@@ -1,4 +1,4 @@
-"""The HiPIPE planner (HIPIPE.md section 5) and its ablations.
+"""The HiPIPE planner and its ablations (the model: docs/MODEL.md).
 
 - :mod:`.structure` -- chunk orders and per-dimension sequences (a schedule without sizes)
 - :mod:`.sequencing` -- list scheduling that derives sequences from sizes

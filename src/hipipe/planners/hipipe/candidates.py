@@ -3,8 +3,8 @@
 A *candidate* is a structure (chunk orders + per-dim sequences) with chunk sizes and the
 makespan they give. :func:`optimize_structure` turns chunk orders into the best
 candidate it finds: sequences from the list-scheduling rules on uniform sizes, LP sizes
-for each, then rounds of re-sequencing on the best sizes and re-solving (HIPIPE.md
-section 5, steps 3-5); empty chunks are dropped at the end.
+for each, then rounds of re-sequencing on the best sizes and re-solving (the sizing LP:
+docs/MODEL.md section 7); empty chunks are dropped at the end.
 """
 
 from dataclasses import dataclass, field
@@ -12,10 +12,11 @@ from typing import Any
 
 import numpy as np
 
-from hipipe.bounds import OrderMix
+from hipipe.bounds import OrderMix, half_chain_scale
 from hipipe.planners.hipipe.sequencing import BASIC_RULES, Rule, list_schedule, longest_path_s
 from hipipe.planners.hipipe.sizing import SizingModel
 from hipipe.planners.hipipe.structure import Order, Structure, op_table, without_chunks
+from hipipe.schedule import Collective
 from hipipe.topology import Topology
 
 CHUNK_LADDER: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
@@ -24,10 +25,21 @@ CHUNK_LADDER: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 ALL_RULES_MAX_CHUNKS = 8
 """Up to this K, the first sequences come from every list-scheduling rule (LPs are cheap)."""
 
-LP_WORK_BUDGET = 6000
-"""Plan-time budget, in op-LPs (one LP over n ops counts n): once spent, the search
-finishes the K at hand and stops. Deterministic, unlike a wall-clock budget, so the same
-input always gets the same plan; ~6000 is about 0.2 s of HiGHS on a 2-core machine."""
+PLAN_BUDGET = 12_000
+"""The plan-time budget, in op-LPs (one LP over n ops counts n), for the whole plan.
+Deterministic, unlike a wall-clock budget, so the same input always gets the same plan;
+12,000 is about 0.4 s of HiGHS on a 2-core machine. The stages spend it in turn, each
+up to a cumulative share (a stage finishes the step at hand when its share is spent):"""
+
+LADDER_SHARE = 0.5
+"""The K ladder and its probes stop once half the budget is spent..."""
+
+CLIMB_SHARE = 2 / 3
+CLIMB_STEP_SHARE = 0.25
+"""...the order climb may then spend a quarter more, up to two thirds in all..."""
+
+SPLIT_SHARE = 1.0
+"""...and splitting chunks has the rest."""
 
 IMPROVEMENT = 1e-9
 """Relative gain below which a new candidate does not count as better (LP noise)."""
@@ -35,9 +47,14 @@ IMPROVEMENT = 1e-9
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SearchOptions:
-    """What the search may change; the ablations switch parts of it off."""
+    """What the search plans and what it may change; the ablations switch parts of it off."""
 
+    collective: Collective = Collective.ALL_REDUCE
+    """The collective planned: it fixes the chains' length and phases, nothing else."""
     chunk_counts: tuple[int, ...] = CHUNK_LADDER
+    """The K ladder, tried in order (ignored when ``forced_chunks`` is set)."""
+    forced_chunks: int | None = None
+    """Plan with exactly this K: no ladder, no probes, no splitting; seeds of this K only."""
     lp_sizes: bool = True
     """False: uniform chunk sizes (the ``hipipe-uniform`` ablation)."""
     ascending_only: bool = False
@@ -50,6 +67,18 @@ class SearchOptions:
     patience: int = 2
     """Stop the K ladder after this many Ks in a row that do not improve on the best
     (one, above ``FULL_ROUNDS_MAX_CHUNKS``, where each K costs more)."""
+    lp_work_budget: int = PLAN_BUDGET
+    """The one plan-time budget (op-LPs), shared by every stage of the search."""
+
+    @property
+    def ladder(self) -> tuple[int, ...]:
+        """The Ks the search builds from scratch."""
+        return (self.forced_chunks,) if self.forced_chunks is not None else self.chunk_counts
+
+    @property
+    def searches_chunks(self) -> bool:
+        """Whether K is the search's to choose (not forced by the user or the ablation)."""
+        return self.forced_chunks is None and len(self.chunk_counts) > 1
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -64,15 +93,48 @@ class Candidate:
     """The LP optimum for this structure (None when sizes are not from the LP)."""
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Trial:
+    """One line of the search's record: a candidate, a failed LP, or where the ladder stopped."""
+
+    num_chunks: int
+    """The K asked for."""
+    source: str | None = None
+    """Order family or search step (``mix``, ``greedy``, ``climb``, ``split``, a baseline)."""
+    makespan_s: float | None = None
+    kept_chunks: int | None = None
+    """K after empty chunks were dropped."""
+    error: str | None = None
+    """Why this structure's LP failed (the search went on without it)."""
+    pruned: str | None = None
+    """Why the ladder stopped at this K."""
+
+    def to_info(self) -> dict[str, Any]:
+        """Plain JSON for ``Schedule.info["candidates"]`` (fields that are set only)."""
+        fields = {
+            "num_chunks": self.num_chunks,
+            "kept_chunks": self.kept_chunks,
+            "source": self.source,
+            "makespan_s": self.makespan_s,
+            "error": self.error,
+            "pruned": self.pruned,
+        }
+        return {key: value for key, value in fields.items() if value is not None}
+
+
 @dataclass(kw_only=True)
 class SearchLog:
-    """What the search tried, for ``Schedule.info``. Mutable: filled in as it goes."""
+    """What the search tried and the LP work it spent. Mutable: filled in as it goes."""
 
-    tried: list[dict[str, Any]] = field(default_factory=list)
+    budget: int = PLAN_BUDGET
+    """The plan's budget (op-LPs); see :data:`PLAN_BUDGET`."""
+    tried: list[Trial] = field(default_factory=list)
     lp_solves: int = 0
     simplex_iterations: int = 0
     lp_work: int = 0
     """Sum over LP solves of the ops each LP had: what the plan-time budget counts."""
+    stage_limit: float = PLAN_BUDGET * LADDER_SHARE
+    """LP work at which the current stage stops (set by :meth:`allow`)."""
     strikes: dict[str, int] = field(default_factory=dict)
     """Per order family, how many Ks in a row it trailed that K's best by RETIRE_MARGIN."""
     retired: set[str] = field(default_factory=set)
@@ -83,21 +145,25 @@ class SearchLog:
         self.simplex_iterations += iterations
         self.lp_work += num_ops
 
-    def absorb(self, other: "SearchLog") -> None:
-        """Count the LP work of a search step that ran on its own log (own budget)."""
-        self.lp_solves += other.lp_solves
-        self.simplex_iterations += other.simplex_iterations
-        self.lp_work += other.lp_work
+    def allow(self, share: float, *, step_share: float | None = None) -> None:
+        """Let the next stage run until ``share`` of the budget is spent in all (and, with
+        ``step_share``, no more than that share on top of what is spent already)."""
+        limit = share * self.budget
+        if step_share is not None:
+            limit = min(limit, self.lp_work + step_share * self.budget)
+        self.stage_limit = limit
 
     @property
     def over_budget(self) -> bool:
-        return self.lp_work >= LP_WORK_BUDGET
+        """The current stage has spent its share: finish the step at hand, then stop."""
+        return self.lp_work >= self.stage_limit
 
 
-def time_unit_s(topology: Topology, message_bytes: float, mix: OrderMix) -> float:
+def time_unit_s(topology: Topology, message_bytes: float, mix: OrderMix, collective: Collective) -> float:
     """A rough makespan: the LP's times are in this unit so they are O(1)."""
-    latency_s = sum(2 * d.latency_s * d.latency_steps for d in topology.dims)
-    return mix.time_per_byte_s * message_bytes + latency_s
+    moves = collective.moves_per_byte
+    latency_s = sum(moves * d.latency_s * d.latency_steps for d in topology.dims)
+    return mix.time_per_byte_s * half_chain_scale(collective) * message_bytes + latency_s
 
 
 def better(a: Candidate | None, b: Candidate) -> bool:
@@ -117,7 +183,8 @@ def optimize_structure(
     resequence: bool,
 ) -> Candidate:
     """Best candidate over ``sequences`` (and re-sequencing rounds when ``resequence``)."""
-    table = op_table(topology, orders)
+    collective = options.collective
+    table = op_table(topology, orders, collective)
     num_chunks = len(orders)
     uniform = np.full(num_chunks, message_bytes / num_chunks)
     if not options.lp_sizes:
@@ -125,7 +192,7 @@ def optimize_structure(
         for seq in sequences:
             makespan = longest_path_s(table, table.durations_s(uniform), seq)
             candidate = Candidate(
-                structure=Structure(orders=orders, sequences=seq, source=source),
+                structure=Structure(orders=orders, sequences=seq, source=source, collective=collective),
                 sizes_bytes=uniform,
                 makespan_s=makespan,
                 lp_makespan_s=None,
@@ -134,7 +201,7 @@ def optimize_structure(
                 best = candidate
         assert best is not None
         return best
-    model = SizingModel(topology, message_bytes, orders, time_unit_s=unit_s)
+    model = SizingModel(topology, message_bytes, orders, collective=collective, time_unit_s=unit_s)
     best = None
     seen: set[tuple[tuple[int, ...], ...]] = set()
     pending = list(sequences)
@@ -148,7 +215,7 @@ def optimize_structure(
             log.record(table.num_ops, sizing.iterations)
             makespan = longest_path_s(table, table.durations_s(sizing.sizes_bytes), seq)
             candidate = Candidate(
-                structure=Structure(orders=orders, sequences=seq, source=source),
+                structure=Structure(orders=orders, sequences=seq, source=source, collective=collective),
                 sizes_bytes=sizing.sizes_bytes,
                 makespan_s=makespan,
                 lp_makespan_s=sizing.makespan_s,
@@ -175,7 +242,7 @@ def candidate_for(
     log: SearchLog,
 ) -> Candidate:
     num_chunks = len(orders)
-    table = op_table(topology, orders)
+    table = op_table(topology, orders, options.collective)
     durations = table.durations_s(np.full(num_chunks, message_bytes / num_chunks))
     rules = tuple(Rule) if num_chunks <= ALL_RULES_MAX_CHUNKS else BASIC_RULES
     sequences = list(dict.fromkeys(list_schedule(table, durations, rule) for rule in rules))
@@ -205,9 +272,11 @@ def drop_empty_chunks(
         if not empty:
             return candidate
         structure = without_chunks(candidate.structure, empty)
-        model = SizingModel(topology, message_bytes, structure.orders, time_unit_s=unit_s)
+        model = SizingModel(
+            topology, message_bytes, structure.orders, collective=structure.collective, time_unit_s=unit_s
+        )
         sizing = model.solve(structure.sequences)
-        table = op_table(topology, structure.orders)
+        table = model.table
         log.record(table.num_ops, sizing.iterations)
         candidate = Candidate(
             structure=structure,

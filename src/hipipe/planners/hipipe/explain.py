@@ -26,7 +26,8 @@ def explain(schedule: Schedule) -> str:
     """A few lines per decision: K and the candidates, the order mix, LP vs simulator, bounds."""
     info: dict[str, Any] = dict(schedule.info)
     lines = [
-        f"planner {schedule.planner}: {schedule.message_bytes} B on {schedule.topology.label()}"
+        f"planner {schedule.planner}, {schedule.collective.value}: {schedule.message_bytes} B on"
+        f" {schedule.topology.label()}"
         f" ({schedule.topology.num_npus} NPUs) -> {_time(schedule.makespan_s)}",
     ]
     if "num_chunks" not in info:

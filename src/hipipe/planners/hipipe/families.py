@@ -7,7 +7,8 @@ is one answer, and the LP on each tells which works for this network and message
 
 from hipipe.bounds import OrderMix
 from hipipe.planners.baselines import themis_ideal_orders
-from hipipe.planners.hipipe.structure import Order, assign_orders, bookend_orders
+from hipipe.planners.hipipe.structure import Order, assign_orders, bookend_orders, one_end_orders
+from hipipe.schedule import Collective
 from hipipe.topology import Topology
 
 FASTEST_FIRST_MAX_CHUNKS = 8
@@ -26,10 +27,17 @@ def fastest_first(topology: Topology) -> Order:
 
 
 def families(
-    topology: Topology, message_bytes: float, mix: OrderMix, num_chunks: int, *, ascending_only: bool
+    topology: Topology,
+    message_bytes: float,
+    mix: OrderMix,
+    num_chunks: int,
+    *,
+    ascending_only: bool,
+    collective: Collective = Collective.ALL_REDUCE,
 ) -> list[tuple[str, tuple[Order, ...]]]:
-    """Chunk orders to try for this K: the fluid mix (with bookends when a light order
-    would be left out), Themis' greedy orders, and fastest-first for small K."""
+    """Chunk orders to try for this K: the fluid mix (AllReduce: with bookends when a
+    light order would be left out; RS and AG: with the minor orders at one end), Themis'
+    greedy orders, and fastest-first for small K."""
     if ascending_only:
         return [("ascending", (tuple(range(topology.num_dims)),) * num_chunks)]
     families = [("mix", assign_orders(mix.orders, mix.weights, num_chunks))]
@@ -42,11 +50,19 @@ def families(
         )
         if greedy != families[0][1]:
             families.append(("greedy", greedy))
-    bookends = bookend_orders(mix.orders, mix.weights, num_chunks)
-    if bookends is not None and not set(mix.orders) <= set(families[0][1]):
-        # Some order of the mix is too light to get a chunk of its own at this K: give
-        # it a chunk at each end, where it keeps the dims it starts on busy.
-        families.append(("mix-bookends", bookends))
+    if collective is Collective.ALL_REDUCE:
+        bookends = bookend_orders(mix.orders, mix.weights, num_chunks)
+        if bookends is not None and not set(mix.orders) <= set(families[0][1]):
+            # Some order of the mix is too light to get a chunk of its own at this K: give
+            # it a chunk at each end, where it keeps the dims it starts on busy.
+            families.append(("mix-bookends", bookends))
+    else:
+        # A half chain (RS or AG alone) ends on another dim than it starts on, so the
+        # minor orders go to one end at a time (:func:`.structure.one_end_orders`).
+        for source, at_start in (("mix-front", True), ("mix-back", False)):
+            one_end = one_end_orders(mix.orders, mix.weights, num_chunks, at_start=at_start)
+            if one_end is not None and all(one_end != orders for _, orders in families):
+                families.append((source, one_end))
     single = (fastest_first(topology),) * num_chunks
     if num_chunks <= FASTEST_FIRST_MAX_CHUNKS and single != families[0][1]:
         families.append(("fastest-first", single))

@@ -16,13 +16,16 @@ from dataclasses import replace
 
 from hipipe.bounds import chunked_bound_s
 from hipipe.planners.hipipe.candidates import (
+    CLIMB_SHARE,
+    CLIMB_STEP_SHARE,
     Candidate,
     SearchLog,
     SearchOptions,
+    Trial,
     better,
     candidate_for,
 )
-from hipipe.planners.hipipe.sequencing import longest_path_s
+from hipipe.planners.hipipe.sequencing import Deadlock, longest_path_s
 from hipipe.planners.hipipe.sizing import SizingModel
 from hipipe.planners.hipipe.structure import Structure
 from hipipe.topology import Topology
@@ -45,12 +48,6 @@ SWAP_MAX_OPS = 128
 SWAP_CANDIDATES = 8
 """Binding pairs tried per round, most binding first."""
 
-BUDGET = 3000
-"""LP work (op-LPs, see :data:`.candidates.LP_WORK_BUDGET`) the climb may spend..."""
-
-TOTAL_BUDGET = 8000
-"""...as long as the whole plan stays under this much (about 0.25 s on 2 cores)."""
-
 
 def climb_orders(
     topology: Topology,
@@ -69,11 +66,13 @@ def climb_orders(
     orders_all = list(itertools.permutations(range(topology.num_dims)))
     if start.structure.num_chunks > MAX_CHUNKS or len(orders_all) > MAX_ORDERS:
         return start
-    floor_s = chunked_bound_s(topology, message_bytes, start.structure.num_chunks)
+    floor_s = chunked_bound_s(
+        topology, message_bytes, start.structure.num_chunks, collective=options.collective
+    )
     if start.makespan_s <= floor_s * (1 + NEAR_FLOOR):
         return start  # no order change can gain more than NEAR_FLOOR at this K
     quick = replace(options, max_rounds=1)
-    stop_at = min(log.lp_work + BUDGET, TOTAL_BUDGET)
+    log.allow(CLIMB_SHARE, step_share=CLIMB_STEP_SHARE)
     best = start
     tried: set[tuple[tuple[int, ...], ...]] = {best.structure.orders}
     improved = True
@@ -81,7 +80,7 @@ def climb_orders(
         improved = False
         orders = best.structure.orders
         for j, order in itertools.product(range(len(orders)), orders_all):
-            if log.lp_work >= stop_at:
+            if log.over_budget:
                 return best
             trial = (*orders[:j], order, *orders[j + 1 :])
             if trial in tried:
@@ -95,12 +94,12 @@ def climb_orders(
                 break
     if best is not start:
         log.tried.append(
-            {
-                "num_chunks": start.structure.num_chunks,
-                "kept_chunks": best.structure.num_chunks,
-                "source": "climb",
-                "makespan_s": best.makespan_s,
-            }
+            Trial(
+                num_chunks=start.structure.num_chunks,
+                kept_chunks=best.structure.num_chunks,
+                source="climb",
+                makespan_s=best.makespan_s,
+            )
         )
     return best
 
@@ -121,9 +120,10 @@ def swap_critical_pairs(
     sequences contradict the chains (a cycle) are skipped before any LP.
     """
     orders = start.structure.orders
-    if start.lp_makespan_s is None or len(orders) * 2 * topology.num_dims > SWAP_MAX_OPS:
+    collective = start.structure.collective
+    if start.lp_makespan_s is None or len(orders) * start.structure.chain_length > SWAP_MAX_OPS:
         return start
-    model = SizingModel(topology, message_bytes, orders, time_unit_s=unit_s)
+    model = SizingModel(topology, message_bytes, orders, collective=collective, time_unit_s=unit_s)
     table = model.table
     best = start
     sizing = model.solve(best.structure.sequences)
@@ -147,14 +147,16 @@ def swap_critical_pairs(
             tried.add(trial)
             try:
                 longest_path_s(table, table.durations_s(best.sizes_bytes), trial)
-            except AssertionError:
+            except Deadlock:
                 continue  # the swap contradicts the chains
             trials += 1
             sizing = model.solve(trial)
             log.record(table.num_ops, sizing.iterations)
             makespan = longest_path_s(table, table.durations_s(sizing.sizes_bytes), trial)
             candidate = Candidate(
-                structure=Structure(orders=orders, sequences=trial, source=best.structure.source),
+                structure=Structure(
+                    orders=orders, sequences=trial, source=best.structure.source, collective=collective
+                ),
                 sizes_bytes=sizing.sizes_bytes,
                 makespan_s=makespan,
                 lp_makespan_s=sizing.makespan_s,

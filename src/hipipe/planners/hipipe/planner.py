@@ -9,9 +9,9 @@ from collections import defaultdict
 from dataclasses import replace
 from typing import Any
 
-from hipipe.bounds import OrderMix, order_mix
+from hipipe.bounds import OrderMix, half_chain_scale, order_mix
 from hipipe.cost import lower_bound_s
-from hipipe.errors import HipipeError, SolverError
+from hipipe.errors import SolverError
 from hipipe.planners.hipipe.candidates import (
     CHUNK_LADDER,
     Candidate,
@@ -42,19 +42,16 @@ def _plan(
     num_chunks: int | None,
     collective: Collective,
 ) -> Schedule:
-    if collective is not Collective.ALL_REDUCE:
-        raise HipipeError(f"{planner} plans all_reduce only so far, not {collective.value}")
-    if not message_bytes > 0:
-        raise HipipeError(f"message size must be positive, got {message_bytes}")
+    """The search, then the simulator's timing of its winner. The request (message size,
+    K, collective) was validated once by :func:`hipipe.planners.plan`."""
+    options = replace(options, collective=collective)
     if num_chunks is not None:
-        if num_chunks < 1:
-            raise HipipeError(f"the number of chunks must be >= 1, got {num_chunks}")
-        options = replace(options, chunk_counts=(num_chunks,))
+        options = replace(options, forced_chunks=num_chunks)
     mix = order_mix(topology)
-    log = SearchLog()
+    log = SearchLog(budget=options.lp_work_budget)
     best, baselines = search(topology, message_bytes, mix, options=options, log=log)
     if options.lp_sizes:
-        unit_s = time_unit_s(topology, message_bytes, mix)
+        unit_s = time_unit_s(topology, message_bytes, mix, collective)
         best = drop_empty_chunks(topology, message_bytes, best, unit_s=unit_s, log=log)
     schedule = simulate_chunks(
         topology,
@@ -63,6 +60,7 @@ def _plan(
         policy=Policy.FIXED,
         sequences=best.structure.sequences,
         planner=planner,
+        collective=collective,
     )
     lp_s = best.lp_makespan_s
     if lp_s is not None and abs(schedule.makespan_s - lp_s) > AGREEMENT_RELATIVE * schedule.makespan_s:
@@ -85,8 +83,8 @@ def _info(
     log: SearchLog,
 ) -> dict[str, Any]:
     """Why the schedule looks the way it does; plain JSON types only."""
-    t_star = lower_bound_s(topology, message_bytes)
-    t_mix = mix_orders.time_per_byte_s * message_bytes
+    t_star = lower_bound_s(topology, message_bytes, schedule.collective)
+    t_mix = mix_orders.time_per_byte_s * half_chain_scale(schedule.collective) * message_bytes
     used: dict[tuple[int, ...], list[float]] = defaultdict(lambda: [0, 0.0])
     for chunk in schedule.chunks:
         entry = used[chunk.dims_order()]
@@ -97,7 +95,7 @@ def _info(
     return {
         "num_chunks": schedule.num_chunks,
         "structure_source": best.structure.source,
-        "candidates": log.tried,
+        "candidates": [trial.to_info() for trial in log.tried],
         "order_mix": [
             {"order": list(order), "weight": weight}
             for order, weight in zip(mix_orders.orders, mix_orders.weights, strict=True)
@@ -166,7 +164,7 @@ def plan_hipipe_k64(
 ) -> Schedule:
     """Ablation: as ``hipipe`` but K fixed to 64 (no chunk-number search, no seeds)."""
     options = SearchOptions(
-        chunk_counts=(num_chunks or ABLATION_NUM_CHUNKS,), baseline_seeds=False, climb=False
+        forced_chunks=num_chunks or ABLATION_NUM_CHUNKS, baseline_seeds=False, climb=False
     )
     return _plan(
         topology, message_bytes, planner="hipipe-k64", options=options, num_chunks=None, collective=collective

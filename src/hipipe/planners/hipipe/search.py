@@ -1,4 +1,4 @@
-"""The chunk-number search (HIPIPE.md section 5, steps 2-6).
+"""The chunk-number search (the cost model and bounds: docs/MODEL.md).
 
 For each K on a geometric ladder, every order family (:mod:`.families`) is turned into
 its best candidate (:mod:`.candidates`: list-scheduled sequences, LP sizes, re-sequencing
@@ -18,9 +18,11 @@ from dataclasses import replace
 from hipipe.bounds import OrderMix, chunked_bound_s, order_loads
 from hipipe.errors import SolverError
 from hipipe.planners.hipipe.candidates import (
+    LADDER_SHARE,
     Candidate,
     SearchLog,
     SearchOptions,
+    Trial,
     better,
     candidate_for,
     time_unit_s,
@@ -49,7 +51,7 @@ MIN_GAIN = 0.002
 """Above FULL_ROUNDS_MAX_CHUNKS, stop the ladder once a K gains less than this (relative)."""
 
 MAX_OPS = 512
-"""Ks whose chunks would have more ops than this (K * 2D) are not tried: LP time grows
+"""Ks whose chunks would have more ops than this (K * chain length) are not tried: LP time grows
 about quadratically with the ops, and so many chunks only pay off at zero latency,
 where they gain well under 1%."""
 
@@ -75,7 +77,12 @@ def _best_for_chunks(
     rounds = options.max_rounds if num_chunks <= FULL_ROUNDS_MAX_CHUNKS else 0
     results: dict[str, float] = {}
     for source, orders in families(
-        topology, message_bytes, mix, num_chunks, ascending_only=options.ascending_only
+        topology,
+        message_bytes,
+        mix,
+        num_chunks,
+        ascending_only=options.ascending_only,
+        collective=options.collective,
     ):
         if source in log.retired:
             continue
@@ -91,15 +98,15 @@ def _best_for_chunks(
             )
         except SolverError as error:
             # One structure's LP failing is no reason to fail the plan: skip it, say so.
-            log.tried.append({"num_chunks": num_chunks, "source": source, "error": str(error)})
+            log.tried.append(Trial(num_chunks=num_chunks, source=source, error=str(error)))
             continue
         log.tried.append(
-            {
-                "num_chunks": num_chunks,
-                "kept_chunks": candidate.structure.num_chunks,
-                "source": source,
-                "makespan_s": candidate.makespan_s,
-            }
+            Trial(
+                num_chunks=num_chunks,
+                kept_chunks=candidate.structure.num_chunks,
+                source=source,
+                makespan_s=candidate.makespan_s,
+            )
         )
         results[source] = candidate.makespan_s
         if better(best_here, candidate):
@@ -115,9 +122,9 @@ def _best_for_chunks(
 
 def _requested_chunks(log: SearchLog, best: Candidate) -> int:
     """The K the ladder asked for when it found ``best`` (before empty chunks were dropped)."""
-    for entry in log.tried:
-        if entry.get("makespan_s") == best.makespan_s and "kept_chunks" in entry:
-            return int(entry["num_chunks"])
+    for trial in log.tried:
+        if trial.makespan_s == best.makespan_s and trial.kept_chunks is not None:
+            return trial.num_chunks
     return best.structure.num_chunks
 
 
@@ -128,12 +135,12 @@ def _swap_polish(
     polished = swap_critical_pairs(topology, message_bytes, best, unit_s=unit_s, log=log)
     if polished is not best:
         log.tried.append(
-            {
-                "num_chunks": best.structure.num_chunks,
-                "kept_chunks": polished.structure.num_chunks,
-                "source": "swap",
-                "makespan_s": polished.makespan_s,
-            }
+            Trial(
+                num_chunks=best.structure.num_chunks,
+                kept_chunks=polished.structure.num_chunks,
+                source="swap",
+                makespan_s=polished.makespan_s,
+            )
         )
     return polished
 
@@ -147,21 +154,24 @@ def search(
     log: SearchLog,
 ) -> tuple[Candidate, dict[str, float]]:
     """Best candidate over the K ladder and the baseline seeds; also the baselines' makespans."""
-    unit_s = time_unit_s(topology, message_bytes, mix)
+    collective = options.collective
+    unit_s = time_unit_s(topology, message_bytes, mix, collective)
+    chain_length = collective.moves_per_byte * topology.num_dims
     best: Candidate | None = None
     misses = 0
     tried: set[int] = set()
     loads = order_loads(topology)
-    for num_chunks in options.chunk_counts:
-        if len(options.chunk_counts) > 1 and num_chunks * 2 * topology.num_dims > MAX_OPS:
+    log.allow(LADDER_SHARE)
+    for num_chunks in options.ladder:
+        if options.searches_chunks and num_chunks * chain_length > MAX_OPS:
             break
         if best is not None and log.over_budget:
-            log.tried.append({"num_chunks": num_chunks, "pruned": "plan-time budget spent"})
+            log.tried.append(Trial(num_chunks=num_chunks, pruned="plan-time budget spent"))
             break
         if best is not None and chunked_bound_s(
-            topology, message_bytes, num_chunks, loads=loads
+            topology, message_bytes, num_chunks, loads=loads, collective=collective
         ) >= best.makespan_s * (1 - FLOOR_SLACK):
-            log.tried.append({"num_chunks": num_chunks, "pruned": "latency floor within 0.1% of best"})
+            log.tried.append(Trial(num_chunks=num_chunks, pruned="latency floor within 0.1% of best"))
             break  # the floor grows with K: no larger K can gain more than FLOOR_SLACK
         tried.add(num_chunks)
         best_here = _best_for_chunks(
@@ -179,16 +189,12 @@ def search(
             misses += 1
             if misses >= (options.patience if num_chunks <= FULL_ROUNDS_MAX_CHUNKS else 1):
                 break
-    if (
-        best is not None
-        and len(options.chunk_counts) > 1
-        and _requested_chunks(log, best) >= PROBE_MIN_CHUNKS
-    ):
+    if best is not None and options.searches_chunks and _requested_chunks(log, best) >= PROBE_MIN_CHUNKS:
         # Probes: many chunks, one round. The LP empties the chunks it does not want and
         # they are dropped, so a large K lets the LP choose which chunks to keep: it finds
         # structures the ladder's neighbours miss.
         for num_chunks in PROBE_CHUNKS:
-            if num_chunks in tried or num_chunks * 2 * topology.num_dims > MAX_OPS or log.over_budget:
+            if num_chunks in tried or num_chunks * chain_length > MAX_OPS or log.over_budget:
                 continue
             candidate = _best_for_chunks(
                 topology, message_bytes, mix, num_chunks, options=options, unit_s=unit_s, log=log
@@ -198,7 +204,7 @@ def search(
     if best is not None and options.climb:
         best = climb_orders(topology, message_bytes, best, options=options, unit_s=unit_s, log=log)
         best = _swap_polish(topology, message_bytes, best, unit_s=unit_s, log=log)
-    if best is not None and options.climb and len(options.chunk_counts) > 1:
+    if best is not None and options.climb and options.searches_chunks:
         refined = refine_by_splitting(
             topology,
             message_bytes,
@@ -213,11 +219,10 @@ def search(
             best = _swap_polish(topology, message_bytes, refined, unit_s=unit_s, log=log)
     baselines: dict[str, float] = {}
     if options.baseline_seeds:
-        forced = options.chunk_counts[0] if len(options.chunk_counts) == 1 else None
         best, baselines = improve_with_seeds(
-            topology, message_bytes, best, forced, options=options, unit_s=unit_s, log=log
+            topology, message_bytes, best, options.forced_chunks, options=options, unit_s=unit_s, log=log
         )
     if best is None:
-        errors = [entry["error"] for entry in log.tried if "error" in entry]
+        errors = [trial.error for trial in log.tried if trial.error is not None]
         raise SolverError(errors[-1] if errors else "no candidate schedule was found")
     return best, baselines

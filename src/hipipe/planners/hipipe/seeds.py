@@ -12,8 +12,9 @@ import numpy as np
 
 from hipipe.errors import SolverError
 from hipipe.planners.baselines import plan_hierarchical, plan_pipelined, plan_themis, plan_themis_ideal
-from hipipe.planners.hipipe.candidates import Candidate, SearchLog, SearchOptions, optimize_structure
+from hipipe.planners.hipipe.candidates import Candidate, SearchLog, SearchOptions, Trial, optimize_structure
 from hipipe.planners.hipipe.structure import Structure
+from hipipe.schedule import Collective
 from hipipe.topology import Topology
 
 
@@ -26,7 +27,9 @@ class Seed:
     makespan_s: float
 
 
-def baseline_seeds(topology: Topology, message_bytes: int, num_chunks: int | None) -> list[Seed]:
+def baseline_seeds(
+    topology: Topology, message_bytes: int, num_chunks: int | None, collective: Collective
+) -> list[Seed]:
     """The hierarchical, pipelined and Themis baselines, run by their own code."""
     seeds: list[Seed] = []
     for name, planner in (
@@ -35,13 +38,14 @@ def baseline_seeds(topology: Topology, message_bytes: int, num_chunks: int | Non
         ("themis", plan_themis),
         ("themis-ideal", plan_themis_ideal),
     ):
-        schedule = planner(topology, message_bytes, num_chunks=num_chunks)
+        schedule = planner(topology, message_bytes, num_chunks=num_chunks, collective=collective)
         seeds.append(
             Seed(
                 structure=Structure(
                     orders=tuple(c.dims_order() for c in schedule.chunks),
                     sequences=schedule.sequences,
                     source=name,
+                    collective=collective,
                 ),
                 sizes_bytes=np.array([c.size_bytes for c in schedule.chunks]),
                 makespan_s=schedule.makespan_s,
@@ -63,7 +67,7 @@ def improve_with_seeds(
     """``best``, or a re-sized baseline structure if that is better; and the baselines'
     own makespans. ``forced``: the K the user forced (only same-K seeds then)."""
     baselines: dict[str, float] = {}
-    for seed in baseline_seeds(topology, message_bytes, forced):
+    for seed in baseline_seeds(topology, message_bytes, forced, options.collective):
         baselines[seed.structure.source] = seed.makespan_s
         if forced is not None and seed.structure.num_chunks != forced:
             continue
@@ -92,11 +96,11 @@ def improve_with_seeds(
         if candidate.makespan_s > seed.makespan_s:
             candidate = own_sizes  # LP round-off lost a hair against its starting point
         log.tried.append(
-            {
-                "num_chunks": seed.structure.num_chunks,
-                "source": seed.structure.source,
-                "makespan_s": candidate.makespan_s,
-            }
+            Trial(
+                num_chunks=seed.structure.num_chunks,
+                source=seed.structure.source,
+                makespan_s=candidate.makespan_s,
+            )
         )
         if best is None or candidate.makespan_s < best.makespan_s:
             best = candidate

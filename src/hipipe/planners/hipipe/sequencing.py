@@ -1,14 +1,16 @@
-"""Per-dimension op sequences from a list scheduler (HIPIPE.md section 5, step 3).
+"""Per-dimension op sequences from a list scheduler (the sequencing step of the search).
 
 Given op durations (from the current chunk sizes), a non-delay list scheduler starts,
 on every free dimension, the waiting op with the best priority; the order in which
-each dimension started its ops is its sequence. Two rules, both cheap:
+each dimension started its ops is its sequence. Four rules, all cheap; the search tries
+the two :data:`BASIC_RULES` on every structure and all four where LPs are cheap:
 
 - ``fifo``: the op that became ready first (ties: lower chunk) -- what the pipelined
   baseline does, and what keeps chunks flowing in index order;
 - ``tail``: the op whose chunk has the most work left (its remaining chain), the
   classic critical-path priority: long tails first, so nothing long starts last;
-- ``ag-first``: AllGathers before ReduceScatters (drain before filling more);
+- ``ag-first``: AllGathers before ReduceScatters (drain before filling more; the same
+  as ``fifo`` for ReduceScatter or AllGather alone, whose ops are all of one phase);
 - ``shortest``: the shortest op first (Themis' smallest-chunk-first, by time).
 
 This is a plain reimplementation rather than a call to the simulator because it runs
@@ -21,6 +23,11 @@ from enum import StrEnum
 import numpy as np
 
 from hipipe.planners.hipipe.structure import OpTable
+
+
+class Deadlock(Exception):
+    """Fixed sequences contradict the chunks' chains: some dim waits on an op that can
+    never run. Raised by :func:`longest_path_s`; the local search skips such moves."""
 
 
 class Rule(StrEnum):
@@ -39,6 +46,7 @@ def list_schedule(table: OpTable, durations_s: np.ndarray, rule: Rule) -> tuple[
     chain_length = table.chain_length
     num_chunks = table.num_ops // chain_length if chain_length else 0
     dims = table.dim.tolist()
+    gathers = table.gathers.tolist()
     durations = durations_s.tolist()
     tails: list[float] = []
     if rule is Rule.TAIL:
@@ -53,7 +61,7 @@ def list_schedule(table: OpTable, durations_s: np.ndarray, rule: Rule) -> tuple[
             key = -tails[op]
         elif rule is Rule.AG_FIRST:
             # Finish what is half done (AG, the second half of a chain) before starting more.
-            key = 0.0 if op % chain_length >= chain_length // 2 else 1.0
+            key = 0.0 if gathers[op] else 1.0
         elif rule is Rule.SHORTEST:
             key = durations[op]
         else:
@@ -84,7 +92,10 @@ def list_schedule(table: OpTable, durations_s: np.ndarray, rule: Rule) -> tuple[
 
 
 def longest_path_s(table: OpTable, durations_s: np.ndarray, sequences: tuple[tuple[int, ...], ...]) -> float:
-    """Makespan of fixed sequences: every op starts when its chain and dim predecessors end."""
+    """Makespan of fixed sequences: every op starts when its chain and dim predecessors end.
+
+    Raises :class:`Deadlock` when the sequences contradict the chains.
+    """
     chain_length = table.chain_length
     durations = durations_s.tolist()
     end = [0.0] * table.num_ops
@@ -107,5 +118,5 @@ def longest_path_s(table: OpTable, durations_s: np.ndarray, sequences: tuple[tup
                 remaining -= 1
                 progressed = True
         if not progressed:
-            raise AssertionError("sequences deadlock: they contradict the chunks' chains")
+            raise Deadlock("sequences deadlock: they contradict the chunks' chains")
     return max(end, default=0.0)

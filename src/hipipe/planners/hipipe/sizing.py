@@ -1,4 +1,4 @@
-"""Chunk sizes by LP (HIPIPE.md section 5, step 4), solved with HiGHS.
+"""Chunk sizes by LP (docs/MODEL.md section 7), solved with HiGHS.
 
 With orders and per-dimension sequences fixed, the makespan is an LP in the chunk
 sizes ``s_j`` and the op start times ``t_o``::
@@ -29,6 +29,7 @@ import numpy as np
 from hipipe.bounds import new_highs, run_and_check
 from hipipe.errors import SolverError
 from hipipe.planners.hipipe.structure import Order, op_table
+from hipipe.schedule import Collective
 from hipipe.topology import Topology
 
 SOLVER_OPTIONS: dict[str, Any] = {
@@ -79,10 +80,11 @@ class SizingModel:
         message_bytes: float,
         orders: tuple[Order, ...],
         *,
+        collective: Collective,
         time_unit_s: float,
         options: Mapping[str, Any] | None = None,
     ) -> None:
-        self.table = op_table(topology, orders)
+        self.table = op_table(topology, orders, collective)
         self.message_bytes = float(message_bytes)
         self.time_unit_s = time_unit_s
         self.num_chunks = len(orders)

@@ -20,23 +20,21 @@ from dataclasses import replace
 
 from hipipe.bounds import chunked_bound_s, order_loads
 from hipipe.planners.hipipe.candidates import (
+    SPLIT_SHARE,
     Candidate,
     SearchLog,
     SearchOptions,
+    Trial,
     better,
     optimize_structure,
 )
 from hipipe.planners.hipipe.structure import Structure
 from hipipe.topology import Topology
 
-BUDGET = 4000
-"""LP work (op-LPs, see :data:`.candidates.LP_WORK_BUDGET`) the splitting may spend on top
-of the ladder's (about 0.15 s on 2 cores); a step in progress is finished."""
-
 
 def split_structure(structure: Structure, split: set[int]) -> Structure:
     """Chunks in ``split`` become two adjacent chunks (same order), back to back on every dim."""
-    chain_length = 2 * len(structure.sequences)
+    chain_length = structure.chain_length
     pieces: list[tuple[int, ...]] = []
     count = 0
     for j in range(structure.num_chunks):
@@ -52,12 +50,14 @@ def split_structure(structure: Structure, split: set[int]) -> Structure:
         for sequence in structure.sequences
     )
     orders = tuple(structure.orders[j] for j, group in enumerate(pieces) for _ in group)
-    return Structure(orders=orders, sequences=sequences, source=structure.source)
+    return Structure(
+        orders=orders, sequences=sequences, source=structure.source, collective=structure.collective
+    )
 
 
 def end_chunks(structure: Structure) -> set[int]:
     """Chunks whose op is first or last on some dim: the ones that fill and drain the pipeline."""
-    chain_length = 2 * len(structure.sequences)
+    chain_length = structure.chain_length
     return {sequence[i] // chain_length for sequence in structure.sequences if sequence for i in (0, -1)}
 
 
@@ -82,17 +82,18 @@ def refine_by_splitting(
         return start  # no sizing LP (the uniform ablation): nothing to re-size
     one_round = replace(options, max_rounds=1)
     loads = order_loads(topology)
-    # Its own log: the ladder's budget is spent by now, and that would cut the round short.
-    own = SearchLog()
+    log.allow(SPLIT_SHARE)  # the rest of the plan's budget; a step in progress is finished
     best = start
-    while own.lp_work < BUDGET:
+    while not log.over_budget:
         current = best
         selections = [end_chunks(current.structure), set(range(current.structure.num_chunks))]
         for split in selections[: 1 if selections[0] == selections[1] else 2]:
             structure = split_structure(current.structure, split)
-            if structure.num_chunks * 2 * topology.num_dims > max_ops:
+            if structure.num_chunks * structure.chain_length > max_ops:
                 continue
-            floor_s = chunked_bound_s(topology, message_bytes, structure.num_chunks, loads=loads)
+            floor_s = chunked_bound_s(
+                topology, message_bytes, structure.num_chunks, loads=loads, collective=options.collective
+            )
             if floor_s >= best.makespan_s * (1 - floor_slack):
                 continue
             candidate = optimize_structure(
@@ -103,21 +104,19 @@ def refine_by_splitting(
                 source=f"{start.structure.source}-split",
                 options=one_round,
                 unit_s=unit_s,
-                log=own,
+                log=log,
                 resequence=True,
             )
             if better(best, candidate):
                 best = candidate
         if best is current:
             break
-        own.tried.append(
-            {
-                "num_chunks": current.structure.num_chunks,
-                "kept_chunks": best.structure.num_chunks,
-                "source": "split",
-                "makespan_s": best.makespan_s,
-            }
+        log.tried.append(
+            Trial(
+                num_chunks=current.structure.num_chunks,
+                kept_chunks=best.structure.num_chunks,
+                source="split",
+                makespan_s=best.makespan_s,
+            )
         )
-    log.absorb(own)
-    log.tried.extend(own.tried)
     return best
