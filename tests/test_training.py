@@ -139,7 +139,7 @@ def _run_locally(tmp_path, workload: str, planner: str) -> dict:  # type: ignore
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("workload", "planner"), [("ddp", "hipipe"), ("fsdp", "hierarchical")])
+@pytest.mark.parametrize(("workload", "planner"), [("ddp", "hipipe"), ("fsdp", "hipipe")])
 def test_hipipe_trains_like_torch(tmp_path, workload: str, planner: str) -> None:  # type: ignore[no-untyped-def]
     document = _run_locally(tmp_path, workload, planner)
     assert document["format"] == "hipipe.training.runs"
