@@ -22,7 +22,6 @@ import math
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,7 @@ from rich.console import Console
 from hipipe.files import atomic_write_bytes, atomic_write_text
 from hipipe.report.bench import render_markdown, result_to_dict, summary_tables
 from hipipe.report.gantt import render_gantt_png
+from hipipe.testbed import host
 from hipipe.testbed.bench import run_bench
 from hipipe.testbed.layout import parse_rates_bits_per_s, parse_shape
 from hipipe.testbed.results import THEMIS, TORCH_NAME, BenchConfig, BenchResult
@@ -45,42 +45,21 @@ QUICK_SHAPES: tuple[tuple[str, str, tuple[int, ...]], ...] = (
     ("2x4", "50,200Mbit", (16 * MIB,)),
     ("2x2x2", "200,50,100Mbit", (16 * MIB,)),
 )
-PLANNERS = ("hipipe", "themis", "pipelined", "hierarchical")
+PLANNERS = ("hipipe", "themis", "themis-ideal", "pipelined", "hierarchical")
 SPEEDUP_GOAL = 2.0
 RATIO_GOAL = 0.15
 REDUCTION_GOAL_POINTS = 5.0
-QUIET_BUSY_FRACTION = 0.25
 QUIET_WAIT_S = 300.0
-
-
-def cpu_busy_fraction(sample_s: float = 3.0) -> float:
-    """Share of CPU time not idle over ``sample_s`` (from /proc/stat), all cores together.
-
-    Unlike the load average it forgets our own previous shape within seconds.
-    """
-
-    def snapshot() -> tuple[int, int]:
-        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
-        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-        return idle, sum(fields)
-
-    idle0, total0 = snapshot()
-    time.sleep(sample_s)
-    idle1, total1 = snapshot()
-    return 1.0 - (idle1 - idle0) / max(1, total1 - total0)
 
 
 def wait_for_quiet_host(console: Console) -> float:
     """Wait (bounded) until other work uses under a quarter of the CPU; return the last reading."""
-    deadline = time.monotonic() + QUIET_WAIT_S
-    busy = cpu_busy_fraction()
-    while busy > QUIET_BUSY_FRACTION and time.monotonic() < deadline:
-        console.print(
+    return host.wait_for_quiet_host(
+        QUIET_WAIT_S,
+        on_wait=lambda busy: console.print(
             f"[dim]host CPU {100 * busy:.0f}% busy with other work: waiting for a quieter machine[/dim]"
-        )
-        time.sleep(10)
-        busy = cpu_busy_fraction()
-    return busy
+        ),
+    )
 
 
 def goals(result: BenchResult, shape: str) -> list[dict[str, Any]]:
