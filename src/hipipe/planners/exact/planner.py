@@ -57,6 +57,8 @@ def plan_exact(
     time limit, returns the best schedule found with its proven gap (``info``).
     """
     collective = Collective.parse(collective)
+    if isinstance(message_bytes, bool) or not isinstance(message_bytes, int) or message_bytes <= 0:
+        raise HipipeError(f"message size must be a positive whole number of bytes, got {message_bytes!r}")
     if num_chunks is None:
         raise HipipeError("the exact planner needs a number of chunks (--chunks K)")
     if num_chunks < 1 or num_chunks > MAX_CHUNKS:
@@ -93,13 +95,13 @@ def plan_exact(
             f"{schedule.makespan_s:.9g} s: the MIP solution is not trustworthy"
         )
     check_or_raise(schedule)
-    dual_bound_s = float(info_values.mip_dual_bound) * model.time_unit_s
+    dual_bound_s = _finite_or_none(float(info_values.mip_dual_bound) * model.time_unit_s)
     info: dict[str, Any] = {
         "num_chunks": schedule.num_chunks,
         "chunks_allowed": num_chunks,
         "proven_optimal": bool(proven),
         "mip_status": solver.modelStatusToString(status),
-        "mip_gap": float(info_values.mip_gap) if not proven else max(0.0, float(info_values.mip_gap)),
+        "mip_gap": _finite_or_none(max(0.0, float(info_values.mip_gap))),
         "mip_makespan_s": mip_makespan_s,
         "mip_dual_bound_s": dual_bound_s,
         "mip_nodes": int(info_values.mip_node_count),
@@ -186,3 +188,8 @@ def _schedule_from(model: ExactModel, values: np.ndarray) -> Schedule:
         planner="exact",
         collective=model.collective,
     )
+
+
+def _finite_or_none(value: float) -> float | None:
+    """JSON has no infinity: a gap or bound HiGHS never established is ``None``."""
+    return value if math.isfinite(value) else None
