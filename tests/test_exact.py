@@ -240,7 +240,7 @@ def test_exact_is_valid_and_never_loses_at_its_k(
     assert schedule.makespan_s >= best_bound_s(topology, message_bytes) * (1 - 1e-6)
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     topology=st.lists(dims_strategy, min_size=1, max_size=4).map(lambda d: Topology(dims=tuple(d))),
     message_bytes=st.floats(min_value=0, max_value=36).map(lambda e: max(1, round(2**e))),
