@@ -38,7 +38,13 @@ def assert_valid_exact(schedule: Schedule) -> None:
     text = schedule.to_json()
     assert Schedule.from_json(text).to_json() == text
     json.dumps(dict(schedule.info), allow_nan=False)
-    assert math.isclose(schedule.info["mip_makespan_s"], schedule.makespan_s, rel_tol=1e-6)
+    if schedule.info["incumbent"] == "mip":
+        assert math.isclose(schedule.info["mip_makespan_s"], schedule.makespan_s, rel_tol=1e-6)
+    else:  # the MIP did not beat a seed within its time limit: the seed is returned, re-timed
+        assert not schedule.info["proven_optimal"]
+        assert schedule.makespan_s == pytest.approx(
+            schedule.info["seeds_makespan_s"][schedule.info["incumbent"]]
+        )
     floor_s = pipeline_bound_s(schedule.topology, schedule.message_bytes, schedule.collective)
     assert schedule.makespan_s >= floor_s * (1 - REL_TOL)
     if schedule.info["proven_optimal"]:
@@ -116,6 +122,7 @@ def test_time_limit_returns_the_incumbent_with_its_gap() -> None:
     schedule = plan_exact(topology, 256 * MIB, num_chunks=4, time_limit_s=0.5)
     assert schedule.info["proven_optimal"] is False
     assert schedule.info["mip_gap"] is None or schedule.info["mip_gap"] > 0
+    assert schedule.info["incumbent"] in ("mip", "pipelined", "hipipe")
     seeds = schedule.info["seeds_makespan_s"]
     assert schedule.makespan_s <= min(seeds.values()) * (1 + 1e-6)
     assert_valid_exact(schedule)
@@ -224,12 +231,12 @@ small_topologies = st.lists(dims_strategy, min_size=1, max_size=3).map(lambda d:
 sizes = st.floats(min_value=10, max_value=32).map(lambda e: round(2**e))
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(topology=small_topologies, message_bytes=sizes, num_chunks=st.integers(min_value=1, max_value=3))
 def test_exact_is_valid_and_never_loses_at_its_k(
     topology: Topology, message_bytes: int, num_chunks: int
 ) -> None:
-    schedule = plan_exact(topology, message_bytes, num_chunks=num_chunks, time_limit_s=20)
+    schedule = plan_exact(topology, message_bytes, num_chunks=num_chunks, time_limit_s=10)
     assert_valid_exact(schedule)
     assert schedule.num_chunks <= num_chunks
     for name in ("pipelined", "hipipe"):

@@ -82,18 +82,27 @@ def plan_exact(
     status = solver.getModelStatus()
     info_values = solver.getInfo()
     proven = status == highspy.HighsModelStatus.kOptimal
+    mip_makespan_s: float | None = None
+    incumbent = "mip"
     if int(info_values.primal_solution_status) == 0:
-        raise SolverError(
-            f"HiGHS found no schedule for the exact MIP: model status {solver.modelStatusToString(status)}"
-        )
-    values = solver_values(solver)
-    mip_makespan_s = float(values[model.makespan_col]) * model.time_unit_s
-    schedule = _schedule_from(model, values)
-    if abs(schedule.makespan_s - mip_makespan_s) > AGREEMENT_RELATIVE * schedule.makespan_s:
-        raise SolverError(
-            f"the exact MIP predicted {mip_makespan_s:.9g} s but the simulator times its plan at "
-            f"{schedule.makespan_s:.9g} s: the MIP solution is not trustworthy"
-        )
+        # HiGHS refused every start and found nothing within the limit: keep the best seed.
+        schedule, incumbent = _as_exact(best_seed), best_seed.planner
+    else:
+        values = solver_values(solver)
+        mip_makespan_s = float(values[model.makespan_col]) * model.time_unit_s
+        schedule = _schedule_from(model, values)
+        if abs(schedule.makespan_s - mip_makespan_s) > AGREEMENT_RELATIVE * schedule.makespan_s:
+            raise SolverError(
+                f"the exact MIP predicted {mip_makespan_s:.9g} s but the simulator times its plan at "
+                f"{schedule.makespan_s:.9g} s: the MIP solution is not trustworthy"
+            )
+        if schedule.makespan_s > best_seed.makespan_s * (1 + AGREEMENT_RELATIVE):
+            if proven:
+                raise SolverError(
+                    f"the exact MIP claims {schedule.makespan_s:.9g} s is optimal but {best_seed.planner}"
+                    f" found {best_seed.makespan_s:.9g} s: the MIP is wrong"
+                )
+            schedule, incumbent = _as_exact(best_seed), best_seed.planner  # a start HiGHS did not take
     if collective is Collective.ALL_REDUCE:
         # The checker proves AllReduce schedules; RS and AG ones are re-timed above only,
         # until it learns the half collectives.
@@ -105,6 +114,7 @@ def plan_exact(
         "proven_optimal": bool(proven),
         "mip_status": solver.modelStatusToString(status),
         "mip_gap": _finite_or_none(max(0.0, float(info_values.mip_gap))),
+        "incumbent": incumbent,
         "mip_makespan_s": mip_makespan_s,
         "mip_dual_bound_s": dual_bound_s,
         "mip_nodes": int(info_values.mip_node_count),
@@ -160,6 +170,19 @@ def _build_solver(model: ExactModel, time_limit_s: float) -> Any:
         len(rows.lower), rows.lower, rows.upper, len(rows.index), rows.starts, rows.index, rows.value
     )
     return solver
+
+
+def _as_exact(seed: Schedule) -> Schedule:
+    """A seed's chunks and sequences, re-timed and labelled as the exact planner's answer."""
+    return simulate_chunks(
+        seed.topology,
+        seed.message_bytes,
+        seed.chunks,
+        policy=Policy.FIXED,
+        sequences=seed.sequences,
+        planner="exact",
+        collective=seed.collective,
+    )
 
 
 def _schedule_from(model: ExactModel, values: np.ndarray) -> Schedule:
