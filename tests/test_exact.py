@@ -202,6 +202,8 @@ def test_pipeline_bound_of_tpu_2d_by_hand() -> None:
     t_star = 31 / 32 * message / 80e9
     assert lower_bound_s(topology, message) == pytest.approx(t_star, rel=1e-12)
     assert pipeline_bound_s(topology, message) == pytest.approx(t_star + 20e-6, rel=1e-9)
+    # At least 3 chunks: 2 * 3 * 3 us = 18 us on dim 0, 2 * 3 * 7 us = 42 us on dim 1: T* + 30 us.
+    assert pipeline_bound_s(topology, message, min_chunks=3) == pytest.approx(t_star + 30e-6, rel=1e-9)
     # ReduceScatter: half the load and half the latency: (T* + 20 us) / 2.
     assert pipeline_bound_s(topology, message, Collective.REDUCE_SCATTER) == pytest.approx(
         (t_star + 20e-6) / 2, rel=1e-9
@@ -261,6 +263,11 @@ def test_pipeline_bound_is_below_every_planner(
     for name in PLANNERS:
         schedule = plan(topology, message_bytes, name, num_chunks=num_chunks)
         assert schedule.makespan_s >= floor_s * (1 - 1e-9), name
+    if num_chunks is not None:  # the pipelined baseline keeps all K of its chunks
+        pipelined = plan(topology, message_bytes, "pipelined", num_chunks=num_chunks)
+        assert pipelined.makespan_s >= pipeline_bound_s(topology, message_bytes, min_chunks=num_chunks) * (
+            1 - 1e-9
+        )
     for collective in (Collective.REDUCE_SCATTER, Collective.ALL_GATHER):
         schedule = plan(topology, message_bytes, "pipelined", num_chunks=num_chunks, collective=collective)
         assert schedule.makespan_s >= pipeline_bound_s(topology, message_bytes, collective) * (1 - 1e-9)

@@ -13,6 +13,7 @@ so the LP is solved once per topology, per byte. The physical limit ``T*`` lives
 """
 
 import itertools
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -180,7 +181,11 @@ term alone, which is still a valid floor."""
 
 
 def pipeline_bound_s(
-    topology: Topology, message_bytes: float, collective: Collective | str = Collective.ALL_REDUCE
+    topology: Topology,
+    message_bytes: float,
+    collective: Collective | str = Collective.ALL_REDUCE,
+    *,
+    min_chunks: int = 1,
 ) -> float:
     """``T_pipe``: a floor for every hierarchical schedule, whatever its number of chunks.
 
@@ -197,12 +202,20 @@ def pipeline_bound_s(
 
     The smaller of the two cases is the bound. Never below :func:`chunked_bound_s` at
     K = 2 (for AllReduce), so never below :func:`latency_aware_bound_s` either.
+
+    ``min_chunks`` restricts the floor to schedules with at least that many chunks (the
+    latency count becomes ``max(|F|, min_chunks)``): with a proven floor for fewer chunks
+    (the exact planner's dual bound), the two together bound every K.
     """
+    if min_chunks < 1:
+        raise ValueError(f"min_chunks must be >= 1, got {min_chunks}")
     moves = Collective.parse(collective).moves_per_byte
     orders, per_byte = _per_byte_loads(topology)
     load = per_byte * (moves / 2) * message_bytes  # seconds on dim k for the whole message, per order
     latency = np.array([d.latency_s * d.latency_steps for d in topology.dims])
-    one_chunk_s = moves * float(latency.sum()) + float(load.sum(axis=0).min())
+    one_chunk_s = (
+        moves * float(latency.sum()) + float(load.sum(axis=0).min()) if min_chunks == 1 else math.inf
+    )
     num_dims = topology.num_dims
     first = np.array([order[0] for order in orders])
     if num_dims <= FILL_DRAIN_MAX_DIMS:
@@ -218,10 +231,10 @@ def pipeline_bound_s(
         columns = np.isin(first, first_set)
         outside = ~np.isin(np.arange(num_dims), first_set)
         if num_dims <= FILL_DRAIN_MAX_DIMS:
-            count = max(len(first_set), 2)
+            count = max(len(first_set), 2, min_chunks)
             fill_drain = np.where(outside, moves * float(latency[first_set].min()), 0.0)
         else:
-            count, fill_drain = 2, np.zeros(num_dims)
+            count, fill_drain = max(2, min_chunks), np.zeros(num_dims)
         constants = moves * count * latency + fill_drain
         scale = max(float(load.max()) + float(constants.max()), 1e-300)
         _, time = _fluid_lp(load[:, columns] / scale, constants / scale)
