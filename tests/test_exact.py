@@ -122,7 +122,10 @@ def test_time_limit_returns_the_incumbent_with_its_gap() -> None:
     schedule = plan_exact(topology, 256 * MIB, num_chunks=4, time_limit_s=0.5)
     assert schedule.info["proven_optimal"] is False
     assert schedule.info["mip_gap"] is None or schedule.info["mip_gap"] > 0
-    assert schedule.info["incumbent"] in ("mip", "pipelined", "hipipe")
+    assert schedule.info["incumbent"] == "mip" or schedule.info["incumbent"].split("@")[0] in (
+        "pipelined",
+        "hipipe",
+    )
     seeds = schedule.info["seeds_makespan_s"]
     assert schedule.makespan_s <= min(seeds.values()) * (1 + 1e-6)
     assert_valid_exact(schedule)
