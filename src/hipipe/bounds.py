@@ -17,6 +17,7 @@ below take the collective and scale the AllReduce loads by ``moves_per_byte / 2`
 """
 
 import itertools
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -193,3 +194,81 @@ def run_and_check(solver: Any, what: str) -> None:
     status = solver.getModelStatus()
     if status != highspy.HighsModelStatus.kOptimal:
         raise SolverError(f"HiGHS did not solve {what}: model status {solver.modelStatusToString(status)}")
+
+
+FILL_DRAIN_MAX_DIMS = 6
+"""Up to this many dims :func:`pipeline_bound_s` enumerates every set of first dims
+(``2^D - 1`` small LPs over at most ``D!`` orders); beyond it, it keeps the K >= 2 latency
+term alone, which is still a valid floor."""
+
+
+def pipeline_bound_s(
+    topology: Topology,
+    message_bytes: float,
+    collective: Collective | str = Collective.ALL_REDUCE,
+    *,
+    min_chunks: int = 1,
+) -> float:
+    """``T_pipe``: a floor for every hierarchical schedule, whatever its number of chunks.
+
+    Combines, per dim, the latency every chunk pays there, the bytes the dim carries
+    under the best order mix, and the pipeline's fill and drain: a dim that no chunk
+    visits first waits for another dim's op before its first op (RS) and after its last
+    one (AG). The derivation is in ``docs/MODEL.md`` ("A pipeline lower bound").
+
+    - K = 1: the chunk's whole chain, latency and bytes, in its best order;
+    - K >= 2: for every non-empty set F of dims that chunks start on (K >= |F|):
+      ``min_x max_k (m max(|F|, 2) c_k + M load_k(x) + [k not in F] m min_{f in F} c_f)``
+      over mixes x of orders that start in F (``c_k = a_k steps_k``, ``m`` = 2 for
+      AllReduce, 1 for ReduceScatter or AllGather); the floor is the smallest over F.
+
+    The smaller of the two cases is the bound. Never below :func:`chunked_bound_s` at
+    K = 2 (for AllReduce), so never below :func:`latency_aware_bound_s` either.
+
+    ``min_chunks`` restricts the floor to schedules with at least that many chunks (the
+    latency count becomes ``max(|F|, min_chunks)``): with a proven floor for fewer chunks
+    (the exact planner's dual bound), the two together bound every K.
+    """
+    if min_chunks < 1:
+        raise ValueError(f"min_chunks must be >= 1, got {min_chunks}")
+    moves = Collective.parse(collective).moves_per_byte
+    orders, per_byte = _per_byte_loads(topology)
+    load = per_byte * (moves / 2) * message_bytes  # seconds on dim k for the whole message, per order
+    latency = np.array([d.latency_s * d.latency_steps for d in topology.dims])
+    one_chunk_s = (
+        moves * float(latency.sum()) + float(load.sum(axis=0).min()) if min_chunks == 1 else math.inf
+    )
+    num_dims = topology.num_dims
+    first = np.array([order[0] for order in orders])
+    if num_dims <= FILL_DRAIN_MAX_DIMS:
+        first_sets = [
+            list(subset)
+            for size in range(1, num_dims + 1)
+            for subset in itertools.combinations(range(num_dims), size)
+        ]
+    else:
+        first_sets = [list(range(num_dims))]
+    many_chunks_s = float("inf")
+    for first_set in first_sets:
+        columns = np.isin(first, first_set)
+        outside = ~np.isin(np.arange(num_dims), first_set)
+        if num_dims <= FILL_DRAIN_MAX_DIMS:
+            count = max(len(first_set), 2, min_chunks)
+            fill_drain = np.where(outside, moves * float(latency[first_set].min()), 0.0)
+        else:
+            count, fill_drain = max(2, min_chunks), np.zeros(num_dims)
+        constants = moves * count * latency + fill_drain
+        scale = max(float(load.max()) + float(constants.max()), 1e-300)
+        _, time = _fluid_lp(load[:, columns] / scale, constants / scale)
+        # A chunk's chain alone pays every latency once per phase, whatever its size.
+        many_chunks_s = min(many_chunks_s, max(time * scale, moves * float(latency.sum())))
+    return min(one_chunk_s, many_chunks_s)
+
+
+def best_bound_s(
+    topology: Topology, message_bytes: float, collective: Collective | str = Collective.ALL_REDUCE
+) -> float:
+    """``max(T_mix, T_pipe)``: the tightest floor hipipe knows (T_mix scaled to the collective)."""
+    moves = Collective.parse(collective).moves_per_byte
+    t_mix = order_mix_bound_s(topology, message_bytes) * moves / 2
+    return max(t_mix, pipeline_bound_s(topology, message_bytes, collective))

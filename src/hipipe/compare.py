@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hipipe.bounds import order_mix_bound_s
+from hipipe.bounds import best_bound_s, order_mix_bound_s, pipeline_bound_s
 from hipipe.cost import lower_bound_s
 from hipipe.planners import get_planner, validate_request
 from hipipe.planners import plan as run_planner
@@ -32,6 +32,8 @@ class PlannerResult:
     """``T* / time_s`` (docs/MODEL.md section 4)."""
     mix_utilization: float
     """``T_mix / time_s``: how close to the best any hierarchical order mix can do."""
+    best_bound_utilization: float
+    """``max(T_mix, T_pipe) / time_s``: how close to the tightest floor hipipe knows."""
     num_chunks: int
     plan_time_s: float
     collective: Collective = Collective.ALL_REDUCE
@@ -42,6 +44,10 @@ class SizeBounds:
     size_bytes: int
     lower_bound_s: float
     order_mix_bound_s: float
+    pipeline_bound_s: float
+    """``T_pipe``: latency + load + fill/drain, for any number of chunks (:mod:`hipipe.bounds`)."""
+    best_bound_s: float
+    """``max(T_mix, T_pipe)``."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -75,6 +81,8 @@ def compare(
             size_bytes=size,
             lower_bound_s=lower_bound_s(topology, size, kind),
             order_mix_bound_s=order_mix_bound_s(topology, size, kind),
+            pipeline_bound_s=pipeline_bound_s(topology, size, kind),
+            best_bound_s=best_bound_s(topology, size, kind),
         )
         for size in sizes_bytes
     )
@@ -91,6 +99,7 @@ def compare(
                     time_s=schedule.makespan_s,
                     utilization=bound.lower_bound_s / schedule.makespan_s,
                     mix_utilization=bound.order_mix_bound_s / schedule.makespan_s,
+                    best_bound_utilization=bound.best_bound_s / schedule.makespan_s,
                     num_chunks=schedule.num_chunks,
                     plan_time_s=plan_time_s,
                     collective=kind,
@@ -112,6 +121,8 @@ def comparison_to_dict(comparison: Comparison) -> dict[str, Any]:
                 "size_bytes": b.size_bytes,
                 "lower_bound_s": b.lower_bound_s,
                 "order_mix_bound_s": b.order_mix_bound_s,
+                "pipeline_bound_s": b.pipeline_bound_s,
+                "best_bound_s": b.best_bound_s,
             }
             for b in comparison.bounds
         ],
@@ -123,6 +134,7 @@ def comparison_to_dict(comparison: Comparison) -> dict[str, Any]:
                 "time_s": r.time_s,
                 "utilization": r.utilization,
                 "mix_utilization": r.mix_utilization,
+                "best_bound_utilization": r.best_bound_utilization,
                 "num_chunks": r.num_chunks,
                 "plan_time_s": r.plan_time_s,
             }

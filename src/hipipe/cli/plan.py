@@ -10,8 +10,10 @@ from hipipe.cli.common import (
     stdout_console,
     topology_from_args,
 )
+from hipipe.errors import HipipeError
 from hipipe.files import atomic_write_text
-from hipipe.planners import PLANNERS, plan
+from hipipe.planners import PLANNERS, REFERENCE_PLANNERS, plan
+from hipipe.planners.exact import DEFAULT_TIME_LIMIT_S, plan_exact
 from hipipe.report.explain import explain
 from hipipe.report.gantt import write_gantt
 from hipipe.report.table import schedule_summary
@@ -24,9 +26,21 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
     parser.add_argument("--size", required=True, help="message size, e.g. 64MiB or 1GB")
     add_collective_argument(parser)
     parser.add_argument(
-        "--planner", default="hipipe", help=f"one of: {', '.join(PLANNERS)} (default: hipipe)"
+        "--planner",
+        default="hipipe",
+        help=f"one of: {', '.join([*PLANNERS, *REFERENCE_PLANNERS])} (default: hipipe)",
     )
-    parser.add_argument("--chunks", type=int, default=None, help="force the number of chunks")
+    parser.add_argument(
+        "--chunks", type=int, default=None, help="force the number of chunks (exact: at most this many)"
+    )
+    parser.add_argument(
+        "--time-limit",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help=f"exact planner only: stop the MIP after this long and keep the best schedule found"
+        f" with its gap (default: {DEFAULT_TIME_LIMIT_S:g})",
+    )
     parser.add_argument("--json", metavar="FILE", help="write the schedule as JSON ('-' for stdout)")
     parser.add_argument("--gantt", metavar="FILE.png", help="write a Gantt chart of the schedule")
     parser.add_argument("--explain", action="store_true", help="print what the planner decided and why")
@@ -39,7 +53,19 @@ def run(args: argparse.Namespace) -> int:
     collective = collective_from_args(args)
     json_path = check_output_path(args.json, suffix=None)
     gantt_path = check_output_path(args.gantt, suffix=".png")
-    schedule = plan(topology, size_bytes, args.planner, num_chunks=args.chunks, collective=collective)
+    if args.planner == "exact":
+        if args.chunks is None:
+            raise HipipeError(
+                "--planner exact needs --chunks K (the MIP proves the best schedule for a given K)"
+            )
+        time_limit_s = DEFAULT_TIME_LIMIT_S if args.time_limit is None else args.time_limit
+        schedule = plan_exact(
+            topology, size_bytes, num_chunks=args.chunks, collective=collective, time_limit_s=time_limit_s
+        )
+    elif args.time_limit is not None:
+        raise HipipeError("--time-limit applies to --planner exact only")
+    else:
+        schedule = plan(topology, size_bytes, args.planner, num_chunks=args.chunks, collective=collective)
     if args.json == "-":
         print(schedule.to_json(), end="")
         return 0

@@ -15,6 +15,7 @@ from hipipe.planners.baselines import (
     plan_themis,
     plan_themis_ideal,
 )
+from hipipe.planners.exact import plan_exact
 from hipipe.planners.hipipe import (
     explain,
     plan_hipipe,
@@ -100,11 +101,25 @@ PLANNERS: dict[str, PlannerSpec] = {
 
 BASELINES: tuple[str, ...] = tuple(name for name, spec in PLANNERS.items() if spec.baseline)
 
+REFERENCE_PLANNERS: dict[str, PlannerSpec] = {
+    "exact": PlannerSpec(
+        name="exact",
+        function=plan_exact,
+        description="MIP: the proven-best schedule with at most K chunks (needs K; small networks only)",
+        baseline=False,
+    )
+}
+"""Yardsticks, not planners for every instance: they need ``num_chunks``, refuse large
+networks and may run up to a time limit, so sweeps over :data:`PLANNERS` leave them out.
+:func:`plan` and :func:`get_planner` find them by name like any planner."""
+
 
 def get_planner(name: str) -> PlannerSpec:
-    if name not in PLANNERS:
-        raise HipipeError(f"unknown planner {name!r} (available: {', '.join(PLANNERS)})")
-    return PLANNERS[name]
+    spec = PLANNERS.get(name) or REFERENCE_PLANNERS.get(name)
+    if spec is None:
+        available = ", ".join([*PLANNERS, *REFERENCE_PLANNERS])
+        raise HipipeError(f"unknown planner {name!r} (available: {available})")
+    return spec
 
 
 def plan(

@@ -7,6 +7,7 @@ explain themselves through JSON-serializable ``info`` and this module only lays 
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from hipipe.bounds import order_mix_bound_s, pipeline_bound_s
 from hipipe.cost import lower_bound_s
 from hipipe.schedule import Schedule
 from hipipe.units import format_time
@@ -48,6 +49,18 @@ def _line_with_name(value: Any, key: str, name: str, indent: int) -> list[str]:
     return lines
 
 
+def _best_bound_line(schedule: Schedule) -> str:
+    """``T_mix``, ``T_pipe`` and how close the schedule is to the larger (the best floor known)."""
+    moves = schedule.collective.moves_per_byte
+    mix_s = order_mix_bound_s(schedule.topology, schedule.message_bytes) * moves / 2
+    pipe_s = pipeline_bound_s(schedule.topology, schedule.message_bytes, schedule.collective)
+    best_s = max(mix_s, pipe_s)
+    return (
+        f"order-mix bound T_mix {format_time(mix_s)}, pipeline bound T_pipe {format_time(pipe_s)}:"
+        f" best bound {format_time(best_s)}, reached {best_s / schedule.makespan_s:.2%}"
+    )
+
+
 def explain(schedule: Schedule) -> str:
     """Header with the bounds and chunks, then the planner's decisions.
 
@@ -62,6 +75,7 @@ def explain(schedule: Schedule) -> str:
         f"{schedule.planner} {schedule.collective.value}: {schedule.num_chunks} chunks,"
         f" makespan {format_time(schedule.makespan_s)}",
         f"lower bound T* {format_time(bound_s)}, utilization {bound_s / schedule.makespan_s:.2%}",
+        _best_bound_line(schedule),
         "chunks (size, order):",
     ]
     shown = schedule.chunks[:16]

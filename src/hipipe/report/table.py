@@ -27,7 +27,8 @@ def comparison_tables(comparison: Comparison) -> list[Table]:
         table = Table(
             title=(
                 f"{comparison.topology.label()} · {comparison.collective.value} · {format_size(bound.size_bytes)} · "
-                f"T* {format_time(bound.lower_bound_s)} · T_mix {format_time(bound.order_mix_bound_s)}"
+                f"T* {format_time(bound.lower_bound_s)} · T_mix {format_time(bound.order_mix_bound_s)} · "
+                f"T_pipe {format_time(bound.pipeline_bound_s)} · best bound {format_time(bound.best_bound_s)}"
             ),
             title_justify="left",
         )
@@ -35,6 +36,7 @@ def comparison_tables(comparison: Comparison) -> list[Table]:
         table.add_column("time", justify="right")
         table.add_column("T*/T", justify="right")
         table.add_column("T_mix/T", justify="right")
+        table.add_column("bound/T", justify="right")
         table.add_column("speed-up", justify="right")
         table.add_column("chunks", justify="right")
         table.add_column("plan time", justify="right")
@@ -45,6 +47,7 @@ def comparison_tables(comparison: Comparison) -> list[Table]:
                 f"[bold]{format_time(r.time_s)}[/bold]" if best else format_time(r.time_s),
                 f"[{_utilization_style(r.utilization)}]{r.utilization:.1%}[/]",
                 f"{r.mix_utilization:.1%}",
+                f"{r.best_bound_utilization:.1%}",
                 f"{slowest_s / r.time_s:.2f}x",
                 str(r.num_chunks),
                 format_time(r.plan_time_s),

@@ -1,0 +1,324 @@
+"""How far from optimal: hipipe at K against the exact planner's proven optimum at K,
+and hipipe against the best lower bound ``max(T_mix, T_pipe)``.
+
+    python benchmarks/optimality.py [--quick] [--time-limit 60] [--hard-time-limit 15] [--out DIR]
+
+For every reference network and message (16 MiB .. 1 GiB): hipipe with its own K against
+the best bound; then for K = 2..4, hipipe forced to K against ``exact`` at K (a MIP with a
+per-solve time limit: ``--time-limit`` where the goal asks for a proof, K <= 3 on 2 or 3
+dims, ``--hard-time-limit`` elsewhere; unproven solves report their gap). Prints a card per network, the
+goals, the cells where the exact planner found a better structure (orders and sizes side
+by side), and ends with one JSON line. With ``--out DIR`` it also writes
+``optimality-<machine>-<date>.md``.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from hipipe import plan
+from hipipe.bounds import best_bound_s, order_mix_bound_s, pipeline_bound_s
+from hipipe.planners.exact import plan_exact
+from hipipe.presets import PRESETS
+from hipipe.schedule import Schedule
+
+MIB = 1024**2
+MESSAGES = (16 * MIB, 64 * MIB, 256 * MIB, 1024 * MIB)
+QUICK_MESSAGES = (256 * MIB,)
+QUICK_PRESETS = ("tpu-2d", "rfs-3d")
+CHUNK_COUNTS = (2, 3, 4)
+OPTIMUM_GOAL = 0.01
+"""hipipe within 1% of the proven optimum at the same K."""
+BOUND_GOAL = 0.05
+"""hipipe within 5% of the best lower bound (or proven optimal at its K)."""
+MISSED_STRUCTURE = 1e-3
+"""Cells where exact beats hipipe by more than this get their structures printed."""
+
+
+def _size(message_bytes: int) -> str:
+    return f"{message_bytes // 1024**3} GiB" if message_bytes >= 1024**3 else f"{message_bytes // MIB} MiB"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.4g}"
+
+
+def structure(schedule: Schedule) -> list[dict[str, Any]]:
+    """Chunks as (order, fraction of the message), in index order; plus each dim's op sequence."""
+    return [
+        {"order": list(c.dims_order()), "fraction": round(c.size_bytes / schedule.message_bytes, 4)}
+        for c in schedule.chunks
+    ]
+
+
+def sequences_text(schedule: Schedule) -> str:
+    """Each dim's sequence as chunk/phase labels, e.g. ``d0: 0R 1R 0A 1A``."""
+    return "; ".join(
+        f"d{k}: " + " ".join(f"{schedule.ops[i].chunk}{schedule.ops[i].phase.value[0]}" for i in seq)
+        for k, seq in enumerate(schedule.sequences)
+    )
+
+
+def run_cell(
+    preset: str, message_bytes: int, time_limit_s: float, hard_time_limit_s: float
+) -> dict[str, Any]:
+    topology = PRESETS[preset]()
+    free = plan(topology, message_bytes, "hipipe")
+    bound_s = best_bound_s(topology, message_bytes)
+    cell: dict[str, Any] = {
+        "preset": preset,
+        "message_bytes": message_bytes,
+        "num_dims": topology.num_dims,
+        "order_mix_bound_s": order_mix_bound_s(topology, message_bytes),
+        "pipeline_bound_s": pipeline_bound_s(topology, message_bytes),
+        "best_bound_s": bound_s,
+        "hipipe_s": free.makespan_s,
+        "hipipe_num_chunks": free.num_chunks,
+        "hipipe_vs_bound": free.makespan_s / bound_s - 1,
+        "per_k": {},
+    }
+    for k in CHUNK_COUNTS:
+        hipipe_k = plan(topology, message_bytes, "hipipe", num_chunks=k)
+        started = time.perf_counter()
+        limit_s = time_limit_s if topology.num_dims <= 3 and k <= 3 else hard_time_limit_s
+        exact = plan_exact(topology, message_bytes, num_chunks=k, time_limit_s=limit_s)
+        solve_s = time.perf_counter() - started
+        entry = {
+            "hipipe_s": hipipe_k.makespan_s,
+            "hipipe_num_chunks": hipipe_k.num_chunks,
+            "exact_s": exact.makespan_s,
+            "exact_num_chunks": exact.num_chunks,
+            "proven": exact.info["proven_optimal"],
+            "gap": exact.info["mip_gap"],
+            "dual_bound_s": exact.info["mip_dual_bound_s"],
+            "solve_s": solve_s,
+            "time_limit_s": limit_s,
+            "hipipe_vs_exact": hipipe_k.makespan_s / exact.makespan_s - 1,
+            "exact_vs_bound": exact.makespan_s / bound_s - 1,
+        }
+        if entry["hipipe_vs_exact"] > MISSED_STRUCTURE:
+            entry["hipipe_structure"] = structure(hipipe_k)
+            entry["exact_structure"] = structure(exact)
+            entry["hipipe_sequences"] = sequences_text(hipipe_k)
+            entry["exact_sequences"] = sequences_text(exact)
+        cell["per_k"][k] = entry
+    # Every schedule has <= 4 chunks (>= the MIP's dual bound at K = 4) or >= 5 chunks (>= T_pipe
+    # counting 5 chunks' latency): the smaller of the two is a floor for every K.
+    dual_s = cell["per_k"][max(CHUNK_COUNTS)]["dual_bound_s"]
+    many_s = pipeline_bound_s(topology, message_bytes, min_chunks=max(CHUNK_COUNTS) + 1)
+    cell["exact_backed_bound_s"] = max(bound_s, min(dual_s, many_s)) if dual_s is not None else bound_s
+    cell["hipipe_vs_exact_backed_bound"] = free.makespan_s / cell["exact_backed_bound_s"] - 1
+    # The bound goal: within 5% of the best bound, or proven optimal at hipipe's own K.
+    own = cell["per_k"].get(free.num_chunks)
+    cell["bound_goal"] = (
+        "within 5%"
+        if cell["hipipe_vs_bound"] <= BOUND_GOAL
+        else "within 5% of the exact-backed bound"
+        if cell["hipipe_vs_exact_backed_bound"] <= BOUND_GOAL
+        else (
+            f"proven optimal at K={free.num_chunks}"
+            if own is not None and own["proven"] and own["exact_s"] >= free.makespan_s * (1 - 1e-9)
+            else "missed"
+        )
+    )
+    return cell
+
+
+def card(console: Console, preset: str, cells: list[dict[str, Any]]) -> None:
+    table = Table(title=f"{preset}: hipipe at K vs exact at K (ms; * = proven optimal)", title_justify="left")
+    for column in ("message", "best bound", "exact-backed", "hipipe (K)", "vs bounds"):
+        table.add_column(column, justify="right")
+    for k in CHUNK_COUNTS:
+        table.add_column(f"K={k} hipipe / exact", justify="right")
+    for cell in cells:
+        row = [
+            _size(cell["message_bytes"]),
+            _ms(cell["best_bound_s"]),
+            _ms(cell["exact_backed_bound_s"]),
+            f"{_ms(cell['hipipe_s'])} ({cell['hipipe_num_chunks']})",
+            f"{cell['hipipe_vs_bound']:+.1%} / {cell['hipipe_vs_exact_backed_bound']:+.1%}",
+        ]
+        for k in CHUNK_COUNTS:
+            e = cell["per_k"][k]
+            mark = "*" if e["proven"] else f" gap {e['gap']:.1%}" if e["gap"] is not None else " gap ?"
+            row.append(f"{_ms(e['hipipe_s'])} / {_ms(e['exact_s'])}{mark} ({e['hipipe_vs_exact']:+.2%})")
+        table.add_row(*row)
+    console.print(table)
+
+
+def summarize(cells: list[dict[str, Any]]) -> dict[str, Any]:
+    entries = [(c, k, e) for c in cells for k, e in c["per_k"].items()]
+    proven = [(c, k, e) for c, k, e in entries if e["proven"]]
+    small = [(c, k, e) for c, k, e in entries if c["num_dims"] <= 3 and k <= 3]
+    return {
+        "instances": len(entries),
+        "proven": len(proven),
+        "hipipe_within_1pct_of_proven": sum(e["hipipe_vs_exact"] <= OPTIMUM_GOAL for _, _, e in proven),
+        "max_hipipe_vs_proven": max((e["hipipe_vs_exact"] for _, _, e in proven), default=0.0),
+        "exact_slower_than_hipipe": sum(e["exact_s"] > e["hipipe_s"] * (1 + 1e-9) for _, _, e in entries),
+        "small_instances": len(small),
+        "small_proven_within_60s": sum(e["proven"] and e["solve_s"] <= 60 for _, _, e in small),
+        "max_small_solve_s": max((e["solve_s"] for _, _, e in small), default=0.0),
+        "cells": len(cells),
+        "cells_bound_goal_met": sum(c["bound_goal"] != "missed" for c in cells),
+        "k_search_misses": [
+            f"{c['preset']} {_size(c['message_bytes'])}: own K={c['hipipe_num_chunks']} {_ms(c['hipipe_s'])} ms,"
+            f" K={k} {_ms(e['hipipe_s'])} ms"
+            for c in cells
+            for k, e in c["per_k"].items()
+            if e["hipipe_s"] < c["hipipe_s"] * (1 - 1e-6)
+        ],
+        "cells_missed": [
+            f"{c['preset']} {_size(c['message_bytes'])}" for c in cells if c["bound_goal"] == "missed"
+        ],
+    }
+
+
+def goals_text(summary: dict[str, Any], limits: str) -> list[str]:
+    def verdict(ok: bool) -> str:
+        return "met" if ok else "MISSED"
+
+    return [
+        f"- hipipe within 1% of the proven optimum at the same K: {summary['hipipe_within_1pct_of_proven']}"
+        f" of {summary['proven']} proven instances (worst {summary['max_hipipe_vs_proven']:+.2%};"
+        f" {verdict(summary['hipipe_within_1pct_of_proven'] == summary['proven'])});"
+        f" {summary['instances'] - summary['proven']} of {summary['instances']} not proven within {limits}",
+        f"- exact no slower than hipipe at the same K: {summary['instances'] - summary['exact_slower_than_hipipe']}"
+        f" of {summary['instances']} ({verdict(summary['exact_slower_than_hipipe'] == 0)})",
+        f"- hipipe within 5% of max(T_mix, T_pipe) or of the exact-backed bound, or proven optimal at its K:"
+        f" {summary['cells_bound_goal_met']}"
+        f" of {summary['cells']} cells ({verdict(not summary['cells_missed'])})"
+        + (f"; missed: {', '.join(summary['cells_missed'])}" if summary["cells_missed"] else ""),
+        f"- exact proves K <= 3 on 2- and 3-dim networks within a minute: {summary['small_proven_within_60s']}"
+        f" of {summary['small_instances']} (slowest {summary['max_small_solve_s']:.1f} s;"
+        f" {verdict(summary['small_proven_within_60s'] == summary['small_instances'])})",
+        f"- hipipe's own K search worse than hipipe forced to some K in 2..4: {summary['k_search_misses']}",
+    ]
+
+
+def missed_text(cells: list[dict[str, Any]]) -> list[str]:
+    """Where exact found a better structure than hipipe at the same K."""
+    lines = []
+    for cell in cells:
+        for k, e in cell["per_k"].items():
+            if "exact_structure" not in e:
+                continue
+            lines.append(
+                f"- {cell['preset']} {_size(cell['message_bytes'])} K={k}: hipipe {_ms(e['hipipe_s'])} ms,"
+                f" exact {_ms(e['exact_s'])} ms{' (proven)' if e['proven'] else ''} ({e['hipipe_vs_exact']:+.2%})"
+            )
+            for who in ("hipipe", "exact"):
+                chunks = ", ".join(f"{tuple(c['order'])} {c['fraction']:.3f}" for c in e[f"{who}_structure"])
+                lines.append(f"  - {who}: {chunks}; {e[f'{who}_sequences']}")
+    return lines
+
+
+def write_markdown(
+    path: Path, cells: list[dict[str, Any]], summary: dict[str, Any], machine: str, limits: str, argv: str
+) -> None:
+    lines = [
+        f"# Optimality benchmark ({machine}, {datetime.date.today().isoformat()})",
+        "",
+        f"Generated by `python benchmarks/optimality.py {argv}`.",
+        "Simulated times under the alpha-beta cost model (AllReduce). `exact` is the MIP planner:",
+        "the best schedule with at most K chunks, `*` when HiGHS proved it optimal within the",
+        "per-solve time limit (otherwise its final gap). The best bound is `max(T_mix, T_pipe)`;",
+        "the exact-backed bound is `max(best bound, min(dual bound of exact at K = 4, T_pipe for K >= 5))`,",
+        "a floor for every K (a schedule has at most 4 chunks or at least 5)",
+        f"(1-minute load average when the run ended: {os.getloadavg()[0]:.1f}).",
+        "",
+        "## Goals",
+        "",
+        *goals_text(summary, limits),
+        "",
+        "## Structures hipipe misses (exact better by more than 0.1% at the same K)",
+        "",
+        "Chunks as (RS order) fraction of the message; sequences as chunk + R(S)/A(G) per dim.",
+        "",
+        *(missed_text(cells) or ["none"]),
+        "",
+    ]
+    by_preset: dict[str, list[dict[str, Any]]] = {}
+    for cell in cells:
+        by_preset.setdefault(cell["preset"], []).append(cell)
+    for preset, group in by_preset.items():
+        lines += [f"## {preset}", ""]
+        header = "| message | T_mix ms | T_pipe ms | exact-backed ms | hipipe ms (K) | vs best / exact-backed | bound goal |"
+        header += "".join(f" K={k}: hipipe / exact ms |" for k in CHUNK_COUNTS)
+        lines += [header, "|---" * (7 + len(CHUNK_COUNTS)) + "|"]
+        for cell in group:
+            row = (
+                f"| {_size(cell['message_bytes'])} | {_ms(cell['order_mix_bound_s'])} | {_ms(cell['pipeline_bound_s'])}"
+                f" | {_ms(cell['exact_backed_bound_s'])} | {_ms(cell['hipipe_s'])} ({cell['hipipe_num_chunks']})"
+                f" | {cell['hipipe_vs_bound']:+.1%} / {cell['hipipe_vs_exact_backed_bound']:+.1%}"
+                f" | {cell['bound_goal']} |"
+            )
+            for k in CHUNK_COUNTS:
+                e = cell["per_k"][k]
+                proof = "*" if e["proven"] else f" gap {e['gap']:.1%}" if e["gap"] is not None else " gap ?"
+                row += (
+                    f" {_ms(e['hipipe_s'])} / {_ms(e['exact_s'])}{proof} ({e['hipipe_vs_exact']:+.2%},"
+                    f" {e['solve_s']:.1f} s) |"
+                )
+            lines.append(row)
+        lines.append("")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="2 networks x 1 message")
+    parser.add_argument(
+        "--time-limit", type=float, default=60.0, help="seconds per exact solve, K <= 3 on <= 3 dims"
+    )
+    parser.add_argument(
+        "--hard-time-limit", type=float, default=15.0, help="seconds per exact solve, the other instances"
+    )
+    parser.add_argument("--out", type=Path, help="write the markdown report here")
+    args = parser.parse_args(argv)
+    presets = QUICK_PRESETS if args.quick else tuple(PRESETS)
+    messages = QUICK_MESSAGES if args.quick else MESSAGES
+    console = Console(width=220)
+    started = time.perf_counter()
+    cells: list[dict[str, Any]] = []
+    for preset in presets:
+        group = []
+        for message in messages:
+            group.append(run_cell(preset, message, args.time_limit, args.hard_time_limit))
+            print(
+                f"  {preset} {_size(message)} done at {time.perf_counter() - started:.0f} s", file=sys.stderr
+            )
+        cells.extend(group)
+        card(console, preset, group)
+    summary = summarize(cells)
+    summary["wall_s"] = time.perf_counter() - started
+    console.print("Goals:")
+    limits = f"{args.time_limit:g} s (K <= 3 on <= 3 dims) / {args.hard_time_limit:g} s (the others)"
+    for line in goals_text(summary, limits):
+        console.print(line, highlight=False)
+    console.print("Structures hipipe misses:")
+    for line in missed_text(cells) or ["none"]:
+        console.print(line, highlight=False)
+    machine = f"{os.cpu_count()}cpu"
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        path = args.out / f"optimality-{machine}-{datetime.date.today().isoformat()}.md"
+        write_markdown(
+            path, cells, summary, machine, limits, " ".join(sys.argv[1:] if argv is None else argv)
+        )
+        console.print(f"wrote {path}")
+    sys.stdout.flush()
+    print(json.dumps({"benchmark": "optimality", "machine": machine, "summary": summary, "cells": cells}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

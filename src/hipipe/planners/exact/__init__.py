@@ -1,0 +1,9 @@
+"""The ``exact`` planner: a mixed-integer program that proves the best K-chunk schedule.
+
+- :mod:`.model` -- variables, rows, MIP starts and decoding
+- :mod:`.planner` -- limits, seeds, HiGHS, the simulator's re-timing and the checker
+"""
+
+from hipipe.planners.exact.planner import DEFAULT_TIME_LIMIT_S, MAX_CHUNKS, MAX_DIMS, plan_exact
+
+__all__ = ["DEFAULT_TIME_LIMIT_S", "MAX_CHUNKS", "MAX_DIMS", "plan_exact"]

@@ -1,0 +1,359 @@
+"""The mixed-integer program behind the ``exact`` planner, built for HiGHS.
+
+Decision variables, for K chunks on D dims (``P = D!`` orders):
+
+- ``u_j`` (binary): chunk j is used; unused chunks have no ops that take time;
+- ``y_jp`` (binary): chunk j travels in order p, ``sum_p y_jp = 1``;
+- ``s_j`` (fraction of the message) and ``w_jp = y_jp s_j``, linearized exactly by
+  ``sum_p w_jp = s_j``, ``0 <= w_jp <= y_jp`` (only the chosen order's ``w`` is nonzero);
+- ``t_o``: start of op o. Ops are named (chunk, phase, dim): whatever the order, a chunk
+  runs one op per phase on every dim, so each dim's set of ops is fixed and only the
+  chain order and the per-dim sequence are decisions;
+- ``x_uv`` (binary, one per pair of ops of different chunks on the same dim): u before v;
+- ``T``: the makespan, minimized.
+
+Op o of chunk j on dim k lasts ``c_k u_j + sum_p b_pk w_jp`` (``c_k`` the dim's latency
+term, ``b_pk`` its per-byte term divided by the sizes of the dims before k in order p:
+the op's wide side). Chain rows: for dims k before k' in chunk j's order (the sum of
+``y_jp`` over such p), RS on k' starts after RS on k ends and AG on k after AG on k';
+every AG starts after every RS of its chunk. Sequence rows: ``x_uv`` picks which of two
+ops on a dim runs first. Times are in units of a known schedule's makespan U (a seed),
+so ``T <= 1``, every op ends by 1, and 1 is a valid big-M for every disjunction.
+
+Valid cuts that tighten the relaxation: each dim's total op time and each chunk's total
+chain time are at most T. Symmetry: chunks are interchangeable, so used chunks come
+first, sorted by order index, then by decreasing size within an order.
+"""
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hipipe.cost import op_time_coefficients
+from hipipe.schedule import Collective, Phase, Schedule
+from hipipe.topology import Topology
+
+Order = tuple[int, ...]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OpKey:
+    """An op of the model: chunk, phase (index into the collective's phases) and dim."""
+
+    chunk: int
+    phase: int
+    dim: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Rows:
+    """Constraint rows in compressed-row form, ready for ``Highs.addRows``."""
+
+    lower: np.ndarray
+    upper: np.ndarray
+    starts: np.ndarray
+    index: np.ndarray
+    value: np.ndarray
+
+
+def phases(collective: Collective) -> tuple[Phase, ...]:
+    """The phases a chunk runs on every dim, in chain order of the halves."""
+    if collective is Collective.ALL_REDUCE:
+        return (Phase.RS, Phase.AG)
+    return (Phase.RS,) if collective is Collective.REDUCE_SCATTER else (Phase.AG,)
+
+
+class ExactModel:
+    """Column layout, rows and the translation between MIP values and schedules.
+
+    Built once per instance; holds only immutable data after ``__init__``.
+    """
+
+    def __init__(
+        self,
+        topology: Topology,
+        message_bytes: int,
+        num_chunks: int,
+        collective: Collective,
+        *,
+        time_unit_s: float,
+    ) -> None:
+        self.topology = topology
+        self.message_bytes = message_bytes
+        self.num_chunks = num_chunks
+        self.collective = collective
+        self.time_unit_s = time_unit_s
+        self.phases = phases(collective)
+        num_dims = topology.num_dims
+        self.orders: list[Order] = list(itertools.permutations(range(num_dims)))
+        coefficients = [op_time_coefficients(topology, (k,)) for k in range(num_dims)]
+        self.latency = np.array([c for c, _ in coefficients]) / time_unit_s
+        # per_byte[p, k]: time units per *message fraction* of a chunk in order p on dim k.
+        self.per_byte = np.zeros((len(self.orders), num_dims))
+        for p, order in enumerate(self.orders):
+            for level, k in enumerate(order):
+                before = math.prod(topology.dims[d].size for d in order[:level])
+                self.per_byte[p, k] = coefficients[k][1] * message_bytes / before / time_unit_s
+        self.ops = [
+            OpKey(chunk=j, phase=ph, dim=k)
+            for j in range(num_chunks)
+            for ph in range(len(self.phases))
+            for k in range(num_dims)
+        ]
+        self.op_column = {op: i for i, op in enumerate(self.ops)}
+        self.pairs = [
+            (a, b)
+            for k in range(num_dims)
+            for a, b in itertools.combinations([op for op in self.ops if op.dim == k], 2)
+            if a.chunk != b.chunk
+        ]
+        # Column layout.
+        num_orders = len(self.orders)
+        self.u0 = 0
+        self.y0 = self.u0 + num_chunks
+        self.s0 = self.y0 + num_chunks * num_orders
+        self.w0 = self.s0 + num_chunks
+        self.t0 = self.w0 + num_chunks * num_orders
+        self.x0 = self.t0 + len(self.ops)
+        self.makespan_col = self.x0 + len(self.pairs)
+        self.num_cols = self.makespan_col + 1
+
+    # -- columns -------------------------------------------------------------------
+
+    def y(self, chunk: int, order: int) -> int:
+        return self.y0 + chunk * len(self.orders) + order
+
+    def w(self, chunk: int, order: int) -> int:
+        return self.w0 + chunk * len(self.orders) + order
+
+    def t(self, op: OpKey) -> int:
+        return self.t0 + self.op_column[op]
+
+    def column_bounds(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(lower, upper, integer)``: binaries are u, y and x; everything lies in [0, 1]."""
+        lower = np.zeros(self.num_cols)
+        upper = np.ones(self.num_cols)
+        integer = np.zeros(self.num_cols, dtype=np.uint8)
+        integer[self.u0 : self.s0] = 1
+        integer[self.x0 : self.makespan_col] = 1
+        return lower, upper, integer
+
+    # -- rows ------------------------------------------------------------------------
+
+    def duration_terms(self, op: OpKey) -> dict[int, float]:
+        """Columns and coefficients of op's duration (time units)."""
+        terms = {self.u0 + op.chunk: float(self.latency[op.dim])}
+        for p in range(len(self.orders)):
+            terms[self.w(op.chunk, p)] = float(self.per_byte[p, op.dim])
+        return terms
+
+    def rows(self) -> Rows:
+        """Every constraint of the model (see the module docstring)."""
+        builder = _RowBuilder()
+        num_orders = len(self.orders)
+        num_dims = self.topology.num_dims
+        makespan = self.makespan_col
+        for j in range(self.num_chunks):
+            # One order each; unused chunks take order 0 (symmetry); sizes follow the order.
+            builder.add({self.y(j, p): 1.0 for p in range(num_orders)}, 1.0, 1.0)
+            builder.add({self.y(j, 0): 1.0, self.u0 + j: 1.0}, 1.0, math.inf)
+            builder.add({self.s0 + j: 1.0, **{self.w(j, p): -1.0 for p in range(num_orders)}}, 0.0, 0.0)
+            builder.add({self.s0 + j: 1.0, self.u0 + j: -1.0}, -math.inf, 0.0)
+            for p in range(num_orders):
+                builder.add({self.w(j, p): 1.0, self.y(j, p): -1.0}, -math.inf, 0.0)
+        builder.add({self.s0 + j: 1.0 for j in range(self.num_chunks)}, 1.0, 1.0)
+        for op in self.ops:
+            # Every op ends by the makespan: T - t_o - d_o >= 0.
+            builder.add(
+                _combine({makespan: 1.0, self.t(op): -1.0}, self.duration_terms(op), -1.0), 0.0, math.inf
+            )
+        for j in range(self.num_chunks):
+            self._chain_rows(builder, j)
+            # Cut: the chunk's chain runs its ops one after the other.
+            chain_terms: dict[int, float] = {makespan: 1.0}
+            for op in self.ops:
+                if op.chunk == j:
+                    chain_terms = _combine(chain_terms, self.duration_terms(op), -1.0)
+            builder.add(chain_terms, 0.0, math.inf)
+        for k in range(num_dims):
+            # Cut: a dim runs one op at a time.
+            load_terms: dict[int, float] = {makespan: 1.0}
+            for op in self.ops:
+                if op.dim == k:
+                    load_terms = _combine(load_terms, self.duration_terms(op), -1.0)
+            builder.add(load_terms, 0.0, math.inf)
+        for i, (a, b) in enumerate(self.pairs):
+            x = self.x0 + i
+            # x = 1: a before b, t_b - t_a - d_a - x >= -1;  x = 0: b before a, t_a - t_b - d_b + x >= 0.
+            builder.add(
+                _combine({self.t(b): 1.0, self.t(a): -1.0, x: -1.0}, self.duration_terms(a), -1.0),
+                -1.0,
+                math.inf,
+            )
+            builder.add(
+                _combine({self.t(a): 1.0, self.t(b): -1.0, x: 1.0}, self.duration_terms(b), -1.0),
+                0.0,
+                math.inf,
+            )
+        self._symmetry_rows(builder)
+        return builder.build()
+
+    def _chain_rows(self, builder: "_RowBuilder", j: int) -> None:
+        """Precedence inside chunk j: by order within a phase, and every RS before every AG."""
+        num_dims = self.topology.num_dims
+        for ph, phase in enumerate(self.phases):
+            for k, k2 in itertools.permutations(range(num_dims), 2):
+                before = {
+                    self.y(j, p): 1.0
+                    for p, order in enumerate(self.orders)
+                    if order.index(k) < order.index(k2)
+                }
+                # RS: k before k2 in the order => RS on k2 after RS on k; AG runs the order backwards.
+                first, second = (k, k2) if phase is Phase.RS else (k2, k)
+                a = OpKey(chunk=j, phase=ph, dim=first)
+                b = OpKey(chunk=j, phase=ph, dim=second)
+                # t_b - t_a - d_a - B >= -1, with B = sum of y over orders putting k before k2.
+                terms = _combine({self.t(b): 1.0, self.t(a): -1.0}, self.duration_terms(a), -1.0)
+                builder.add(_combine(terms, before, -1.0), -1.0, math.inf)
+        if len(self.phases) == 2:
+            for k, k2 in itertools.product(range(num_dims), repeat=2):
+                rs = OpKey(chunk=j, phase=0, dim=k)
+                ag = OpKey(chunk=j, phase=1, dim=k2)
+                builder.add(
+                    _combine({self.t(ag): 1.0, self.t(rs): -1.0}, self.duration_terms(rs), -1.0),
+                    0.0,
+                    math.inf,
+                )
+
+    def _symmetry_rows(self, builder: "_RowBuilder") -> None:
+        """Used chunks first, by order index, larger first within an order."""
+        num_orders = len(self.orders)
+        for j in range(self.num_chunks - 1):
+            builder.add({self.u0 + j: 1.0, self.u0 + j + 1: -1.0}, 0.0, math.inf)
+            index_gap = {self.y(j + 1, p): float(p) for p in range(num_orders)}
+            index_gap = _combine(index_gap, {self.y(j, p): float(p) for p in range(num_orders)}, -1.0)
+            # idx_{j+1} - idx_j + P (1 - u_{j+1}) >= 0
+            builder.add({**index_gap, self.u0 + j + 1: -float(num_orders)}, -float(num_orders), math.inf)
+            # s_j - s_{j+1} + (idx_{j+1} - idx_j) + P (1 - u_{j+1}) >= 0
+            terms = _combine({self.s0 + j: 1.0, self.s0 + j + 1: -1.0}, index_gap, 1.0)
+            builder.add({**terms, self.u0 + j + 1: -float(num_orders)}, -float(num_orders), math.inf)
+
+    # -- translation -----------------------------------------------------------------
+
+    def values_of(self, schedule: Schedule) -> np.ndarray | None:
+        """The column values of a schedule (a MIP start); None if it does not fit the model.
+
+        It fits when it has at most K chunks, each visiting every dim once, one dim per op.
+        """
+        num_dims = self.topology.num_dims
+        if schedule.collective is not self.collective or schedule.num_chunks > self.num_chunks:
+            return None
+        if any(sorted(c.order) != [(k,) for k in range(num_dims)] for c in schedule.chunks):
+            return None
+        order_index = {order: p for p, order in enumerate(self.orders)}
+        chunks = sorted(schedule.chunks, key=lambda c: (order_index[c.dims_order()], -c.size_bytes))
+        values = np.zeros(self.num_cols)
+        start_of: dict[OpKey, float] = {}
+        position: dict[OpKey, tuple[int, int]] = {}
+        for j, chunk in enumerate(chunks):
+            p = order_index[chunk.dims_order()]
+            fraction = chunk.size_bytes / self.message_bytes
+            values[self.u0 + j] = 1.0
+            values[self.y(j, p)] = 1.0
+            values[self.s0 + j] = fraction
+            values[self.w(j, p)] = fraction
+            for op in schedule.chunk_ops(chunk.index):
+                key = OpKey(chunk=j, phase=self.phases.index(op.phase), dim=op.dims[0])
+                start_of[key] = op.start_s / self.time_unit_s
+        for j in range(len(chunks), self.num_chunks):
+            values[self.y(j, 0)] = 1.0
+        for k, sequence in enumerate(schedule.sequences):
+            for rank, index in enumerate(sequence):
+                timed = schedule.ops[index]
+                j = next(i for i, c in enumerate(chunks) if c.index == timed.chunk)
+                position[OpKey(chunk=j, phase=self.phases.index(timed.phase), dim=k)] = (1, rank)
+        for key in self.ops:
+            values[self.t(key)] = start_of.get(key, 0.0)
+        for i, (a, b) in enumerate(self.pairs):
+            # Unused chunks' ops (zero length, at time 0) go first on every dim.
+            values[self.x0 + i] = 1.0 if position.get(a, (0, 0)) < position.get(b, (0, 0)) else 0.0
+        values[self.makespan_col] = schedule.makespan_s / self.time_unit_s
+        return values
+
+    def decode(self, values: np.ndarray) -> tuple[list[Order], list[float], dict[int, list[OpKey]]]:
+        """Used chunks' orders and sizes (bytes), and each dim's ops in start order."""
+        used = [j for j in range(self.num_chunks) if values[self.u0 + j] > 0.5]
+        orders = [
+            self.orders[int(np.argmax([values[self.y(j, p)] for p in range(len(self.orders))]))] for j in used
+        ]
+        fractions = np.clip(np.array([values[self.s0 + j] for j in used]), 0.0, None)
+        fractions /= fractions.sum()
+        sizes = [float(f) * self.message_bytes for f in fractions]
+        sequences: dict[int, list[OpKey]] = {}
+        for k in range(self.topology.num_dims):
+            on_dim = [op for op in self.ops if op.dim == k and op.chunk in used]
+            # Start, then end (a zero-length op first), then the chain position as a tie-break.
+            sequences[k] = sorted(
+                on_dim,
+                key=lambda op: (
+                    round(values[self.t(op)], 12),
+                    round(values[self.t(op)] + self._duration_value(op, values), 12),
+                    op.chunk,
+                    op.phase,
+                ),
+            )
+        return (
+            orders,
+            sizes,
+            {
+                k: [OpKey(chunk=used.index(op.chunk), phase=op.phase, dim=op.dim) for op in seq]
+                for k, seq in sequences.items()
+            },
+        )
+
+    def _duration_value(self, op: OpKey, values: np.ndarray) -> float:
+        return sum(coefficient * values[column] for column, coefficient in self.duration_terms(op).items())
+
+
+def _combine(left: dict[int, float], right: dict[int, float], factor: float) -> dict[int, float]:
+    """``left + factor * right`` as sparse rows."""
+    out = dict(left)
+    for column, value in right.items():
+        out[column] = out.get(column, 0.0) + factor * value
+    return out
+
+
+class _RowBuilder:
+    """Collects sparse rows; local to one :meth:`ExactModel.rows` call."""
+
+    def __init__(self) -> None:
+        self.lower: list[float] = []
+        self.upper: list[float] = []
+        self.starts: list[int] = []
+        self.index: list[int] = []
+        self.value: list[float] = []
+
+    def add(self, terms: dict[int, float], lower: float, upper: float) -> None:
+        self.lower.append(lower)
+        self.upper.append(upper)
+        self.starts.append(len(self.index))
+        for column, value in terms.items():
+            if value != 0.0:
+                self.index.append(column)
+                self.value.append(value)
+
+    def build(self) -> Rows:
+        return Rows(
+            lower=np.array(self.lower),
+            upper=np.array(self.upper),
+            starts=np.array(self.starts, dtype=np.int32),
+            index=np.array(self.index, dtype=np.int32),
+            value=np.array(self.value),
+        )
+
+
+def solver_values(solver: Any) -> np.ndarray:
+    return np.asarray(solver.getSolution().col_value)

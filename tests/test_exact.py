@@ -1,0 +1,308 @@
+"""The exact planner (MIP) and the pipeline bound ``T_pipe``.
+
+Hand-computed optima on instances small enough to solve on paper; properties on
+generated networks: the exact schedule is valid, never slower than any planner at the
+same K, and never below any lower bound; ``T_pipe`` is never above any planner's makespan.
+No timing assertions: solve times are measured by ``benchmarks/optimality.py``.
+"""
+
+import itertools
+import json
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hipipe import Collective, Dimension, Topology, plan
+from hipipe.bounds import best_bound_s, chunked_bound_s, latency_aware_bound_s, pipeline_bound_s
+from hipipe.checker import check
+from hipipe.cli import main
+from hipipe.cost import lower_bound_s
+from hipipe.errors import HipipeError, ScheduleError
+from hipipe.planners import PLANNERS
+from hipipe.planners.exact import plan_exact
+from hipipe.presets import PRESETS
+from hipipe.schedule import Chunk, Schedule, chain
+from hipipe.simulator import Policy, simulate, simulate_chunks
+
+MIB = 1024**2
+REL_TOL = 1e-9
+
+
+def assert_valid_exact(schedule: Schedule) -> None:
+    """Checker proves it, the simulator replays it, JSON round-trips, it is above every floor."""
+    if schedule.collective is Collective.ALL_REDUCE:  # the checker proves AllReduce only so far
+        assert check(schedule).problems == ()
+    assert math.isclose(simulate(schedule).makespan_s, schedule.makespan_s, rel_tol=1e-12)
+    assert math.isclose(sum(c.size_bytes for c in schedule.chunks), schedule.message_bytes, rel_tol=1e-9)
+    text = schedule.to_json()
+    assert Schedule.from_json(text).to_json() == text
+    json.dumps(dict(schedule.info), allow_nan=False)
+    if schedule.info["incumbent"] == "mip":
+        assert math.isclose(schedule.info["mip_makespan_s"], schedule.makespan_s, rel_tol=1e-6)
+    else:  # the MIP did not beat a seed within its time limit: the seed is returned, re-timed
+        assert not schedule.info["proven_optimal"]
+        assert schedule.makespan_s == pytest.approx(
+            schedule.info["seeds_makespan_s"][schedule.info["incumbent"]]
+        )
+    floor_s = pipeline_bound_s(schedule.topology, schedule.message_bytes, schedule.collective)
+    assert schedule.makespan_s >= floor_s * (1 - REL_TOL)
+    if schedule.info["proven_optimal"]:
+        assert schedule.info["mip_dual_bound_s"] <= schedule.makespan_s * (1 + 1e-6)
+
+
+def two_rings() -> Topology:
+    """Ring 2 @ 1 GB/s and ring 4 @ 2 GB/s, 1 us per link: small enough to solve by hand."""
+    return Topology(dims=(Dimension.make("ring", 2, 1, 1000), Dimension.make("ring", 4, 2, 1000)))
+
+
+# -- hand-computed optima ----------------------------------------------------------------
+
+
+def test_one_chunk_optimum_is_the_cheaper_order_by_hand() -> None:
+    # M = 8e6 B. Ring 2: 1 step (1 us); ring 4: 3 steps (3 us).
+    # Order (0, 1): RS0 = 1 us + 1/2 * 8e6 / 1e9 = 4.001 ms, RS1 = 3 us + 3/4 * 4e6 / 2e9 = 1.503 ms;
+    #               AG mirrors RS: 2 * 5.504 = 11.008 ms.
+    # Order (1, 0): RS1 = 3 us + 3/4 * 8e6 / 2e9 = 3.003 ms, RS0 = 1 us + 1/2 * 2e6 / 1e9 = 1.001 ms;
+    #               2 * 4.004 = 8.008 ms  <- the optimum with one chunk.
+    schedule = plan_exact(two_rings(), 8_000_000, num_chunks=1)
+    assert schedule.makespan_s == pytest.approx(8.008e-3, rel=1e-9)
+    assert [c.dims_order() for c in schedule.chunks] == [(1, 0)]
+    assert schedule.info["proven_optimal"] is True
+    assert_valid_exact(schedule)
+
+
+def test_one_dim_gains_nothing_from_chunks_so_exact_keeps_one() -> None:
+    # One ring of 4 @ 1 GB/s, 1 us per link (3 steps): every chunk adds 2 * 3 us of latency and
+    # nothing overlaps, so the optimum is a single chunk: 2 * (3 us + 3/4 * 4e6 / 1e9) = 6.006 ms.
+    topology = Topology(dims=(Dimension.make("ring", 4, 1, 1000),))
+    schedule = plan_exact(topology, 4_000_000, num_chunks=3)
+    assert schedule.num_chunks == 1
+    assert schedule.makespan_s == pytest.approx(6.006e-3, rel=1e-9)
+    assert schedule.info["proven_optimal"] is True
+    assert_valid_exact(schedule)
+
+
+@pytest.mark.parametrize("collective", [Collective.REDUCE_SCATTER, Collective.ALL_GATHER])
+def test_half_collectives_by_hand(collective: Collective) -> None:
+    # Half of the one-chunk AllReduce above: the best order is still (1, 0) for RS
+    # (3.003 + 1.001 = 4.004 ms) and for AG (the same ops backwards).
+    schedule = plan_exact(two_rings(), 8_000_000, num_chunks=1, collective=collective)
+    assert schedule.collective is collective
+    assert schedule.makespan_s == pytest.approx(4.004e-3, rel=1e-9)
+    assert [c.dims_order() for c in schedule.chunks] == [(1, 0)]
+    assert_valid_exact(schedule)
+
+
+@pytest.mark.parametrize("collective", list(Collective))
+def test_exact_pipelines_every_collective_and_beats_the_pipelined_baseline(collective: Collective) -> None:
+    topology = PRESETS["rfs-3d"]()
+    schedule = plan_exact(topology, 64 * MIB, num_chunks=3, collective=collective)
+    baseline = plan(topology, 64 * MIB, "pipelined", num_chunks=3, collective=collective)
+    assert schedule.info["proven_optimal"] is True
+    assert schedule.makespan_s <= baseline.makespan_s * (1 + REL_TOL)
+    # Two or more chunks run concurrently at some point: the plan really pipelines.
+    assert schedule.num_chunks >= 2
+    assert_valid_exact(schedule)
+
+
+def test_exact_finds_what_hipipe_misses_on_rfs_3d() -> None:
+    # benchmarks/optimality.py: at 256 MiB and K = 3 the MIP proves a schedule 2.2% faster than
+    # hipipe's (orders (0,1,2), (0,2,1), (1,0,2) sequenced differently). Exact must never lose.
+    topology = PRESETS["rfs-3d"]()
+    exact = plan_exact(topology, 256 * MIB, num_chunks=3, seeds=("pipelined",))
+    hipipe = plan(topology, 256 * MIB, "hipipe", num_chunks=3)
+    assert exact.info["proven_optimal"] is True
+    assert exact.makespan_s <= hipipe.makespan_s * (1 + 1e-6)
+    assert_valid_exact(exact)
+
+
+def test_time_limit_returns_the_incumbent_with_its_gap() -> None:
+    topology = PRESETS["libra-4d"]()
+    schedule = plan_exact(topology, 256 * MIB, num_chunks=4, time_limit_s=0.5)
+    assert schedule.info["proven_optimal"] is False
+    assert schedule.info["mip_gap"] is None or schedule.info["mip_gap"] > 0
+    assert schedule.info["incumbent"] == "mip" or schedule.info["incumbent"].split("@")[0] in (
+        "pipelined",
+        "hipipe",
+    )
+    seeds = schedule.info["seeds_makespan_s"]
+    assert schedule.makespan_s <= min(seeds.values()) * (1 + 1e-6)
+    assert_valid_exact(schedule)
+
+
+# -- refusals --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("num_chunks", "topology", "fragment"),
+    [
+        (None, "tpu-2d", "needs a number of chunks"),
+        (7, "tpu-2d", "1..6 chunks"),
+        (0, "tpu-2d", "chunks must be >= 1"),
+        (2, "ring:2:1GB/s:1us," * 4 + "ring:2:1GB/s:1us", "up to 4 dimensions"),
+    ],
+)
+def test_refuses_instances_beyond_its_size(num_chunks: int | None, topology: str, fragment: str) -> None:
+    from hipipe.topology_io import load_topology
+
+    with pytest.raises(HipipeError, match=fragment):
+        plan(load_topology(topology), MIB, "exact", num_chunks=num_chunks)
+
+
+def test_cli_errors_are_one_line(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    out_file = tmp_path / "plan.json"
+    for argv, fragment in (
+        (["plan", "tpu-2d", "--size", "1MiB", "--planner", "exact", "--json", str(out_file)], "--chunks"),
+        (["plan", "tpu-2d", "--size", "1MiB", "--time-limit", "5"], "exact only"),
+        (
+            ["plan", "tpu-2d", "--size", "1MiB", "--planner", "exact", "--chunks", "2", "--time-limit", "0"],
+            "time limit",
+        ),
+    ):
+        code = main(argv)
+        err = capsys.readouterr().err
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert code == 2 and len(lines) == 1 and fragment in lines[0] and "Traceback" not in err
+    assert not out_file.exists()
+
+
+def test_cli_plan_exact_json_re_times_to_the_same_makespan(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(
+        ["plan", "hgx-h100-32", "--size", "64MiB", "--planner", "exact", "--chunks", "2", "--json", "-"]
+    )
+    assert code == 0
+    schedule = Schedule.from_json(capsys.readouterr().out)
+    assert schedule.planner == "exact" and schedule.info["proven_optimal"] is True
+    assert math.isclose(simulate(schedule).makespan_s, schedule.makespan_s, rel_tol=1e-12)
+    hipipe = plan(schedule.topology, 64 * MIB, "hipipe", num_chunks=2)
+    assert schedule.makespan_s <= hipipe.makespan_s * (1 + 1e-9)
+
+
+def test_compare_reports_the_pipeline_bound(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["compare", "tpu-2d", "--sizes", "64MiB", "--planners", "pipelined,hipipe", "--json"])
+    assert code == 0
+    document = json.loads(capsys.readouterr().out)
+    bound = document["bounds"][0]
+    assert bound["best_bound_s"] == max(bound["order_mix_bound_s"], bound["pipeline_bound_s"])
+    for row in document["results"]:
+        assert 0 < row["best_bound_utilization"] <= 1
+    code = main(["plan", "tpu-2d", "--size", "64MiB", "--explain"])
+    assert code == 0 and "T_pipe" in capsys.readouterr().out
+
+
+# -- the pipeline bound ------------------------------------------------------------------
+
+
+def test_pipeline_bound_of_tpu_2d_by_hand() -> None:
+    # tpu-2d: ring 4 and ring 8, both 80 GB/s; 3 and 7 steps of 1 us. Equal bandwidths, so
+    # the two dims' loads sum to 2 T* whatever the orders, T* = (31/32) M / B.
+    # K >= 2, F = {0, 1}: dim 0 pays 2 * 2 * 3 us = 12 us of latency, dim 1 2 * 2 * 7 us = 28 us;
+    # balancing 12 us + l0 = 28 us + l1 with l0 + l1 = 2 T* gives T = T* + 20 us. (F = {0} or {1}
+    # forces one order, far from balanced; K = 1 pays the whole chain.)
+    topology = PRESETS["tpu-2d"]()
+    message = 64 * MIB
+    t_star = 31 / 32 * message / 80e9
+    assert lower_bound_s(topology, message) == pytest.approx(t_star, rel=1e-12)
+    assert pipeline_bound_s(topology, message) == pytest.approx(t_star + 20e-6, rel=1e-9)
+    # At least 3 chunks: 2 * 3 * 3 us = 18 us on dim 0, 2 * 3 * 7 us = 42 us on dim 1: T* + 30 us.
+    assert pipeline_bound_s(topology, message, min_chunks=3) == pytest.approx(t_star + 30e-6, rel=1e-9)
+    # ReduceScatter: half the load and half the latency: (T* + 20 us) / 2.
+    assert pipeline_bound_s(topology, message, Collective.REDUCE_SCATTER) == pytest.approx(
+        (t_star + 20e-6) / 2, rel=1e-9
+    )
+
+
+def test_pipeline_bound_is_the_one_chunk_chain_when_latency_dominates() -> None:
+    # Dim 0: ring 2 @ 1 GB/s, no latency; dim 1: ring 2 @ 1 GB/s, 1 step of 1 us. M = 1 B.
+    # K >= 2: dim 1 runs >= 2 chunks x 2 phases x 1 us = 4 us whatever the set of first dims.
+    # K = 1: the chain, 2 x (0 + 1 us) of latency plus bytes 2 x (1/2 x 1 B + 1/2 x 1/2 B) / 1e9 B/s
+    # in either order = 1.5 ns: the floor is 2 us + 1.5 ns, and exact at K = 2 reaches it with one chunk.
+    topology = Topology(dims=(Dimension.make("ring", 2, 1, 0), Dimension.make("ring", 2, 1, 1000)))
+    assert pipeline_bound_s(topology, 1) == pytest.approx(2e-6 + 1.5e-9, rel=1e-9)
+    schedule = plan_exact(topology, 1, num_chunks=2)
+    assert schedule.num_chunks == 1
+    assert schedule.makespan_s == pytest.approx(2e-6 + 1.5e-9, rel=1e-9)
+
+
+dims_strategy = st.builds(
+    Dimension.make,
+    st.sampled_from(["ring", "switch", "fully_connected"]),
+    st.integers(min_value=2, max_value=8),
+    st.floats(min_value=1, max_value=500),
+    st.floats(min_value=0, max_value=5000),
+)
+small_topologies = st.lists(dims_strategy, min_size=1, max_size=3).map(lambda d: Topology(dims=tuple(d)))
+sizes = st.floats(min_value=10, max_value=32).map(lambda e: round(2**e))
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(topology=small_topologies, message_bytes=sizes, num_chunks=st.integers(min_value=1, max_value=3))
+def test_exact_is_valid_and_never_loses_at_its_k(
+    topology: Topology, message_bytes: int, num_chunks: int
+) -> None:
+    schedule = plan_exact(topology, message_bytes, num_chunks=num_chunks, time_limit_s=10)
+    assert_valid_exact(schedule)
+    assert schedule.num_chunks <= num_chunks
+    for name in ("pipelined", "hipipe"):
+        other = plan(topology, message_bytes, name, num_chunks=num_chunks)
+        assert schedule.makespan_s <= other.makespan_s * (1 + 1e-6), name
+    # No schedule with K chunks beats the K-chunk floor of bounds.py.
+    assert schedule.makespan_s >= chunked_bound_s(topology, message_bytes, schedule.num_chunks) * (1 - 1e-6)
+    assert schedule.makespan_s >= best_bound_s(topology, message_bytes) * (1 - 1e-6)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    topology=st.lists(dims_strategy, min_size=1, max_size=4).map(lambda d: Topology(dims=tuple(d))),
+    message_bytes=st.floats(min_value=0, max_value=36).map(lambda e: max(1, round(2**e))),
+    num_chunks=st.one_of(st.none(), st.integers(min_value=1, max_value=16)),
+)
+def test_pipeline_bound_is_below_every_planner(
+    topology: Topology, message_bytes: int, num_chunks: int | None
+) -> None:
+    floor_s = pipeline_bound_s(topology, message_bytes)
+    assert floor_s >= latency_aware_bound_s(topology, message_bytes) * (1 - 1e-9)
+    for name in PLANNERS:
+        schedule = plan(topology, message_bytes, name, num_chunks=num_chunks)
+        assert schedule.makespan_s >= floor_s * (1 - 1e-9), name
+    if num_chunks is not None:  # the pipelined baseline keeps all K of its chunks
+        pipelined = plan(topology, message_bytes, "pipelined", num_chunks=num_chunks)
+        assert pipelined.makespan_s >= pipeline_bound_s(topology, message_bytes, min_chunks=num_chunks) * (
+            1 - 1e-9
+        )
+    for collective in (Collective.REDUCE_SCATTER, Collective.ALL_GATHER):
+        schedule = plan(topology, message_bytes, "pipelined", num_chunks=num_chunks, collective=collective)
+        assert schedule.makespan_s >= pipeline_bound_s(topology, message_bytes, collective) * (1 - 1e-9)
+
+
+def test_no_enumerated_two_chunk_schedule_beats_the_proven_optimum() -> None:
+    # An independent check of "proven": on a 2-dim network, enumerate every pair of orders,
+    # every per-dim sequence (all 4! orders of a dim's 4 ops; the simulator rejects those that
+    # contradict the chains) and chunk sizes on a 1/8 grid. None may beat exact at K = 2.
+    topology = Topology(dims=(Dimension.make("ring", 4, 100, 2000), Dimension.make("switch", 4, 25, 500)))
+    message = 16 * MIB
+    exact = plan_exact(topology, message, num_chunks=2)
+    assert exact.info["proven_optimal"] is True
+    best_s = math.inf
+    orders = [((0,), (1,)), ((1,), (0,))]
+    for first, second in itertools.product(orders, repeat=2):
+        for eighths in range(1, 8):
+            chunks = [
+                Chunk(index=0, size_bytes=message * eighths / 8, order=first),
+                Chunk(index=1, size_bytes=message * (8 - eighths) / 8, order=second),
+            ]
+            dims = [d for chunk in chunks for _, (d,), _, _ in chain(topology, chunk)]  # chunk-major op dims
+            ops_on = [[op for op, d in enumerate(dims) if d == k] for k in range(2)]
+            for seq0 in itertools.permutations(ops_on[0]):
+                for seq1 in itertools.permutations(ops_on[1]):
+                    try:
+                        timed = simulate_chunks(
+                            topology, message, chunks, policy=Policy.FIXED, sequences=[seq0, seq1]
+                        )
+                    except ScheduleError:
+                        continue  # the sequences deadlock against the chains
+                    best_s = min(best_s, timed.makespan_s)
+    assert math.isfinite(best_s)
+    assert exact.makespan_s <= best_s * (1 + 1e-9)
