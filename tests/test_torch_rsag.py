@@ -286,8 +286,17 @@ def misuse(spec: str, groups: list[Any]) -> str:
         "cannot reduce-scatter dtype bool": lambda: rs.reduce_scatter(
             torch.zeros(128, dtype=torch.bool), torch.zeros(n * 128, dtype=torch.bool)
         ),
+        # plan() refuses such a size itself; a schedule built by hand reaches the executor's check.
         "does not split into 8 equal shards": lambda: HierarchicalCollective(
-            None, plan(topology, 1001, "themis", collective="all_gather"), groups=groups, timeout_s=30
+            None,
+            simulate_chunks(
+                topology,
+                1001,
+                [Chunk(index=0, size_bytes=1001.0, order=tuple((k,) for k in range(topology.num_dims)))],
+                collective="all_gather",
+            ),
+            groups=groups,
+            timeout_s=30,
         ),
     }
     for fragment, attempt in attempts.items():
