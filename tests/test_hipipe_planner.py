@@ -297,3 +297,23 @@ def test_ablations_are_registered_and_valid(name):
     if name == "hipipe-uniform":
         sizes = {c.size_bytes for c in schedule.chunks}
         assert len(sizes) == 1
+
+
+def test_nested_rule_runs_each_dims_gathers_last_in_first_out():
+    """The shape of the exact planner's optima at K = 3 (libra-3d): every dim starts one
+    chunk, and each dim's AllGathers come in the reverse order of its ReduceScatters."""
+    topology = PRESETS["libra-3d"]()
+    orders = ((0, 1, 2), (1, 0, 2), (2, 1, 0))
+    table = op_table(topology, orders, Collective.ALL_REDUCE)
+    sequences = list_schedule(table, table.durations_s(np.full(3, GIB / 3)), Rule.NESTED)
+    chain = table.chain_length  # 6: op j*6 + s is chunk j's step s
+    for dim, sequence in enumerate(sequences):
+        reduce_chunks = [op // chain for op in sequence if not table.gathers[op]]
+        gather_chunks = [op // chain for op in sequence if table.gathers[op]]
+        assert gather_chunks == reduce_chunks[::-1], (dim, sequence)
+        # ReduceScatters first: none waits behind a gather on its dim
+        assert all(not table.gathers[op] for op in sequence[:3]), (dim, sequence)
+    # For a half collective the rule is fifo: nothing to nest.
+    half = op_table(topology, orders, Collective.REDUCE_SCATTER)
+    durations = half.durations_s(np.full(3, GIB / 3))
+    assert list_schedule(half, durations, Rule.NESTED) == list_schedule(half, durations, Rule.FIFO)

@@ -23,7 +23,7 @@ from hipipe.topology_io import load_topology
 
 torch = pytest.importorskip("torch")
 
-from hipipe.torch import issuer  # noqa: E402
+from hipipe.torch import issuer, threads  # noqa: E402
 from hipipe.torch.collectives import ReduceOp  # noqa: E402
 from hipipe.torch.threads import OpPlan  # noqa: E402
 
@@ -84,7 +84,7 @@ def issue(schedule: Schedule, monkeypatch: pytest.MonkeyPatch) -> Recorder:
     monkeypatch.setattr(torch.cuda, "stream", recorder.use)
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: recorder.current)
-    monkeypatch.setattr(issuer, "run_plan", recorder.run_plan)
+    monkeypatch.setattr(threads, "run_plan", recorder.run_plan)  # the transfers of RunState.run_timed
     plans = [OpPlan(op=op, ring=None, start=0, stop=0, native=True) for op in schedule.ops]
     run = issuer.OrderedIssue(
         plans=plans,

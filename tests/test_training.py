@@ -153,3 +153,50 @@ def test_hipipe_trains_like_torch(tmp_path, workload: str, planner: str) -> None
     for run in (torch_run, hipipe_run):
         assert len(run["step_times_s"]) == 3 and all(t > 0 for t in run["step_times_s"])
         assert 0.0 <= run["communication_share"] < 1.0
+
+
+def test_a_torch_without_the_fsdp2_interface_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch.distributed.fsdp as fsdp_package
+
+    from hipipe.torch import fsdp
+
+    monkeypatch.delattr(fsdp_package.FSDPModule, "set_custom_reduce_scatter")
+    with pytest.raises(
+        HipipeError, match=r"cannot install custom FSDP2 collectives .* use torch 2.13"
+    ) as info:
+        fsdp.use_hipipe(torch.nn.Linear(2, 2), load_topology("ring:2:1GB/s:1us"))
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.slow
+def test_a_world_that_is_not_the_topology_fails_every_rank_in_one_line(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+    import subprocess
+    import sys
+
+    job = TrainingJob(
+        topology=load_topology("ring:2:1GB/s:1us,ring:4:1GB/s:1us"),  # 8 NPUs for a 4-rank job
+        workload="fsdp",  # type: ignore[arg-type]
+        model_bytes=1 << 20,
+        steps=3,
+        implementations=("hipipe",),  # type: ignore[arg-type]
+        output_path=str(tmp_path / "runs.json"),
+        timeout_s=30,
+    )
+    job_path = tmp_path / "job.json"
+    job_path.write_text(json.dumps(job.to_dict()))
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4"),
+            *("-m", "hipipe.training.worker", str(job_path)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode != 0
+    errors = [line for line in (done.stdout + done.stderr).splitlines() if line.startswith("rank ")]
+    assert len(errors) == 4, errors  # every rank, one line each
+    assert all("the job has 4 ranks but the topology 2x4 has 8 NPUs" in line for line in errors), errors
+    assert not (tmp_path / "runs.json").exists()

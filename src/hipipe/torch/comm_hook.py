@@ -25,26 +25,19 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hipipe.schedule import Collective
 from hipipe.topology import Topology
 from hipipe.torch.collectives import ReduceOp
-from hipipe.torch.executor import HierarchicalAllReduce
-from hipipe.torch.groups import DEFAULT_TIMEOUT_S, dimension_groups
-from hipipe.torch.planning import plan_on_rank0
+from hipipe.torch.executor import HierarchicalCollective
+from hipipe.torch.groups import DEFAULT_TIMEOUT_S
+from hipipe.torch.planning import ExecutorCache
 
 
 @dataclass(kw_only=True)
 class HipipeHookState:
-    """What the hook needs across steps; mutable only in its cache of executors."""
+    """What the hook needs across steps: the executors (one per bucket) and the worker thread."""
 
-    topology: Topology
-    planner: str
-    groups: Sequence[Any]
-    timeout_s: float = DEFAULT_TIMEOUT_S
-    num_chunks: int | None = None
-    tuned_cache: str | None = None
-    """A ``hipipe tune`` cache: buckets it knows run their measured-fastest schedule."""
-    executors: dict[tuple[int, torch.dtype], HierarchicalAllReduce] = field(default_factory=dict)
-    """One executor per bucket (length, dtype), planned the first time the bucket is seen."""
+    executors: ExecutorCache
     worker: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(max_workers=1, thread_name_prefix="hipipe-ddp")
     )
@@ -61,38 +54,31 @@ class HipipeHookState:
         num_chunks: int | None = None,
         tuned_cache: str | None = None,
     ) -> "HipipeHookState":
-        """Make the per-dim groups (collective) unless given."""
-        if groups is None:
-            groups = dimension_groups(topology.sizes, timeout_s=timeout_s)
+        """Make the per-dim groups (collective) unless given; ``tuned_cache``: buckets a
+        ``hipipe tune`` cache knows run their measured-fastest schedule."""
         return cls(
-            topology=topology,
-            planner=planner,
-            groups=groups,
-            timeout_s=timeout_s,
-            num_chunks=num_chunks,
-            tuned_cache=tuned_cache,
+            executors=ExecutorCache.create(
+                topology,
+                planner=planner,
+                groups=groups,
+                timeout_s=timeout_s,
+                num_chunks=num_chunks,
+                tuned_cache=tuned_cache,
+            )
         )
 
-    def executor_for(self, tensor: torch.Tensor) -> HierarchicalAllReduce:
-        key = (tensor.numel(), tensor.dtype)
-        if key not in self.executors:
-            schedule = plan_on_rank0(
-                self.topology,
-                tensor.numel() * tensor.element_size(),
-                planner=self.planner,
-                num_chunks=self.num_chunks,
-                what=f"a {tensor.numel()}-element gradient bucket",
-                tuned_cache=self.tuned_cache,
-                dtype=str(tensor.dtype).removeprefix("torch."),
-            )
-            self.executors[key] = HierarchicalAllReduce(
-                None,
-                schedule,
-                groups=self.groups,
-                timeout_s=self.timeout_s,
-                check_peers=False,
-            )
-        return self.executors[key]
+    @property
+    def groups(self) -> Sequence[Any]:
+        """The per-dim process groups (to share with another state or executor)."""
+        return self.executors.groups
+
+    def executor_for(self, tensor: torch.Tensor) -> HierarchicalCollective:
+        return self.executors.executor(
+            Collective.ALL_REDUCE,
+            tensor.numel(),
+            tensor.dtype,
+            what=f"a {tensor.numel()}-element gradient bucket",
+        )
 
 
 def hipipe_hook(state: HipipeHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

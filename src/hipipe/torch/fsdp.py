@@ -23,7 +23,6 @@ reads as "not asynchronous".
 """
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -33,59 +32,25 @@ from torch import nn
 from hipipe.errors import HipipeError
 from hipipe.schedule import Collective
 from hipipe.topology import Topology
-from hipipe.torch.executor import HierarchicalCollective
-from hipipe.torch.groups import DEFAULT_TIMEOUT_S, dimension_groups
-from hipipe.torch.planning import plan_on_rank0
+from hipipe.torch.groups import DEFAULT_TIMEOUT_S
+from hipipe.torch.planning import ExecutorCache
 
 
-@dataclass(kw_only=True)
-class HipipeCollectives:
-    """Executors for FSDP's messages, shared by every module of one model."""
-
-    topology: Topology
-    planner: str
-    groups: Sequence[Any]
-    timeout_s: float = DEFAULT_TIMEOUT_S
-    num_chunks: int | None = None
-    tuned_cache: str | None = None
-    """A ``hipipe tune`` cache: messages it knows run their measured-fastest schedule."""
-    executors: dict[tuple[Collective, int, torch.dtype], HierarchicalCollective] = field(default_factory=dict)
-    """One executor per (collective, buffer length, dtype), built the first time FSDP asks."""
-
-    def executor(self, collective: Collective, full_numel: int, dtype: torch.dtype) -> HierarchicalCollective:
-        key = (collective, full_numel, dtype)
-        if key not in self.executors:
-            element_bytes = torch.empty((), dtype=dtype).element_size()
-            schedule = plan_on_rank0(
-                self.topology,
-                full_numel * element_bytes,
-                planner=self.planner,
-                collective=collective,
-                num_chunks=self.num_chunks,
-                what=f"an FSDP {collective.value} of {full_numel} {dtype} elements",
-                tuned_cache=self.tuned_cache,
-                dtype=str(dtype).removeprefix("torch."),
-            )
-            self.executors[key] = HierarchicalCollective(
-                None, schedule, groups=self.groups, timeout_s=self.timeout_s, check_peers=False
-            )
-        return self.executors[key]
-
-    def check_group(self, group: Any) -> None:
-        """FSDP's group must be the world the topology describes, in rank order."""
-        ranks = dist.get_process_group_ranks(group)
-        if ranks != list(range(self.topology.num_npus)):
-            raise HipipeError(
-                f"FSDP shards over ranks {ranks[:8]}{'...' if len(ranks) > 8 else ''} but hipipe's topology"
-                f" {self.topology.label()} spans ranks 0..{self.topology.num_npus - 1}: shard over the whole job"
-            )
+def check_group(group: Any, topology: Topology) -> None:
+    """FSDP's group must be the world the topology describes, in rank order."""
+    ranks = dist.get_process_group_ranks(group)
+    if ranks != list(range(topology.num_npus)):
+        raise HipipeError(
+            f"FSDP shards over ranks {ranks[:8]}{'...' if len(ranks) > 8 else ''} but hipipe's topology"
+            f" {topology.label()} spans ranks 0..{topology.num_npus - 1}: shard over the whole job"
+        )
 
 
 class HipipeAllGather:
     """FSDP2's ``AllGather`` interface, run by a hipipe AllGather schedule."""
 
-    def __init__(self, collectives: HipipeCollectives) -> None:
-        self.collectives = collectives
+    def __init__(self, executors: ExecutorCache) -> None:
+        self.executors = executors
 
     def allocate(self, size: Sequence[int], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return torch.empty(*size, dtype=dtype, device=device)
@@ -94,9 +59,10 @@ class HipipeAllGather:
         self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any, async_op: bool = False
     ) -> None:
         del async_op  # finished on return: FSDP treats None as a synchronous all-gather
-        self.collectives.check_group(group)
-        executor = self.collectives.executor(
-            Collective.ALL_GATHER, output_tensor.numel(), output_tensor.dtype
+        check_group(group, self.executors.topology)
+        numel = output_tensor.numel()
+        executor = self.executors.executor(
+            Collective.ALL_GATHER, numel, output_tensor.dtype, what=f"an FSDP all_gather of {numel} elements"
         )
         executor.all_gather(output_tensor, input_tensor)
 
@@ -104,8 +70,8 @@ class HipipeAllGather:
 class HipipeReduceScatter:
     """FSDP2's ``ReduceScatter`` interface, run by a hipipe ReduceScatter schedule."""
 
-    def __init__(self, collectives: HipipeCollectives) -> None:
-        self.collectives = collectives
+    def __init__(self, executors: ExecutorCache) -> None:
+        self.executors = executors
 
     def allocate(self, size: Sequence[int], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return torch.empty(*size, dtype=dtype, device=device)
@@ -119,9 +85,13 @@ class HipipeReduceScatter:
         async_op: bool = False,
     ) -> None:
         del async_op  # FSDP calls it synchronously and ignores the result
-        self.collectives.check_group(group)
-        executor = self.collectives.executor(
-            Collective.REDUCE_SCATTER, input_tensor.numel(), input_tensor.dtype
+        check_group(group, self.executors.topology)
+        numel = input_tensor.numel()
+        executor = self.executors.executor(
+            Collective.REDUCE_SCATTER,
+            numel,
+            input_tensor.dtype,
+            what=f"an FSDP reduce_scatter of {numel} elements",
         )
         executor.reduce_scatter(output_tensor, input_tensor, op=op)
 
@@ -153,7 +123,7 @@ def use_hipipe(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     num_chunks: int | None = None,
     tuned_cache: str | None = None,
-) -> HipipeCollectives:
+) -> ExecutorCache:
     """Make every ``fully_shard`` module of ``model`` gather and reduce with hipipe schedules.
 
     Call on every rank after ``fully_shard``; the per-dim process groups are made here
@@ -169,10 +139,8 @@ def use_hipipe(
     sharded: list[Any] = [m for m in model.modules() if isinstance(m, fsdp_module)]
     if not sharded:
         raise HipipeError("no module of the model is sharded: call fully_shard on it before use_hipipe")
-    if groups is None:
-        groups = dimension_groups(topology.sizes, timeout_s=timeout_s)
-    collectives = HipipeCollectives(
-        topology=topology,
+    executors = ExecutorCache.create(
+        topology,
         planner=planner,
         groups=groups,
         timeout_s=timeout_s,
@@ -181,7 +149,7 @@ def use_hipipe(
     )
     all_gather_api.register(HipipeAllGather)  # type: ignore[attr-defined]  # ABCMeta.register
     reduce_scatter_api.register(HipipeReduceScatter)  # type: ignore[attr-defined]
-    all_gather, reduce_scatter = HipipeAllGather(collectives), HipipeReduceScatter(collectives)
+    all_gather, reduce_scatter = HipipeAllGather(executors), HipipeReduceScatter(executors)
     for module in sharded:
         try:
             module.set_custom_all_gather(all_gather)
@@ -191,4 +159,4 @@ def use_hipipe(
                 f"{type(module).__name__} holds several FSDP parameter groups (a per-parameter mesh):"
                 " hipipe's collectives need one group per module"
             ) from None
-    return collectives
+    return executors

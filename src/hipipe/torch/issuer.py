@@ -20,42 +20,16 @@ from typing import Any
 
 import torch
 
-from hipipe.torch.collectives import ReduceOp
-from hipipe.torch.threads import CollectiveError, OpPlan, describe, one_line, run_plan
+from hipipe.torch.threads import CollectiveError, OpPlan, RunState, describe, one_line
 
 
-class OrderedIssue:
+class OrderedIssue(RunState):
     """One run issued from the caller's thread in ``order``; the same interface as ``DimThreads``."""
 
-    def __init__(
-        self,
-        *,
-        plans: list[OpPlan],
-        order: Sequence[int],
-        num_dims: int,
-        flat: torch.Tensor,
-        op: ReduceOp,
-        tag_offset: int,
-        tag_stride: int,
-        rank: int,
-        streams: list[Any] | None,
-        sync_for_trace: bool,
-        deadline_s: float,
-    ) -> None:
-        self.plans = plans
+    def __init__(self, *, order: Sequence[int], num_dims: int, **setup: Any) -> None:
+        super().__init__(**setup)
         self.order = tuple(order)
         self.num_dims = num_dims
-        self.flat = flat
-        self.op = op
-        self.tag_offset = tag_offset
-        self.tag_stride = tag_stride
-        self.rank = rank
-        self.streams = streams
-        self.sync_for_trace = sync_for_trace
-        self.deadline_s = deadline_s
-        self.starts_s = [0.0] * len(plans)
-        self.ends_s = [0.0] * len(plans)
-        self.t0 = time.perf_counter()
 
     def execute(self, timeout_s: float) -> None:
         """Issue (CUDA) or run (CPU) every op in order; one-line :class:`CollectiveError` on failure."""
@@ -97,14 +71,8 @@ class OrderedIssue:
                 for event in waits:
                     if event is not None:
                         stream.wait_event(event)
-            self.starts_s[index] = time.perf_counter() - self.t0
-            run_plan(plan, self.flat, self.op, self.tag_offset + index * self.tag_stride, remaining_s)
-            if stream is not None:
-                event = torch.cuda.Event()
-                event.record(stream)
+            event = self.run_timed(index, remaining_s, stream)
+            if event is not None:
                 events[index] = event
                 for k in op.dims:
                     last_on_dim[k] = event
-                if self.sync_for_trace:
-                    event.synchronize()  # host times mean nothing until the GPU is done
-            self.ends_s[index] = time.perf_counter() - self.t0

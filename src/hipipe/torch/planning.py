@@ -11,7 +11,8 @@ sends the measured-fastest schedule when the cache has one; messages the cache d
 know are planned. Which of the two happened is in the schedule's ``info["source"]``.
 """
 
-from dataclasses import replace
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,8 @@ from hipipe.errors import HipipeError
 from hipipe.planners import plan
 from hipipe.schedule import Collective, Schedule
 from hipipe.topology import Topology
+from hipipe.torch.executor import HierarchicalCollective
+from hipipe.torch.groups import DEFAULT_TIMEOUT_S, dimension_groups
 from hipipe.tuning.cache import load_tuned
 
 
@@ -66,3 +69,69 @@ def plan_on_rank0(
     if kind == "error":
         raise HipipeError(f"planning {what} failed: {text}")
     return Schedule.from_json(text)
+
+
+@dataclass(kw_only=True)
+class ExecutorCache:
+    """Executors by (collective, buffer length, dtype), each schedule planned once.
+
+    What the DDP hook and the FSDP2 collectives share: training meets the same few
+    message sizes at every step, in the same order on every rank, so each is planned (or
+    looked up in a tuning cache) by rank 0 the first time, and its executor kept. Building
+    an executor is collective, which that same order makes safe.
+    """
+
+    topology: Topology
+    planner: str
+    groups: Sequence[Any]
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    num_chunks: int | None = None
+    tuned_cache: str | None = None
+    """A ``hipipe tune`` cache: messages it knows run their measured-fastest schedule."""
+    executors: dict[tuple[Collective, int, Any], HierarchicalCollective] = field(default_factory=dict)
+
+    @classmethod
+    def create(
+        cls,
+        topology: Topology,
+        *,
+        planner: str = "hipipe",
+        groups: Sequence[Any] | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        num_chunks: int | None = None,
+        tuned_cache: str | None = None,
+    ) -> "ExecutorCache":
+        """Make the per-dim process groups (a collective call on every rank) unless given."""
+        if groups is None:
+            groups = dimension_groups(topology.sizes, timeout_s=timeout_s)
+        return cls(
+            topology=topology,
+            planner=planner,
+            groups=groups,
+            timeout_s=timeout_s,
+            num_chunks=num_chunks,
+            tuned_cache=tuned_cache,
+        )
+
+    def executor(
+        self, collective: Collective, numel: int, dtype: Any, *, what: str
+    ) -> HierarchicalCollective:
+        """The executor for a full buffer of ``numel`` elements of ``dtype`` (``what`` names it in errors)."""
+        key = (collective, numel, dtype)
+        if key not in self.executors:
+            import torch
+
+            schedule = plan_on_rank0(
+                self.topology,
+                numel * torch.empty((), dtype=dtype).element_size(),
+                planner=self.planner,
+                collective=collective,
+                num_chunks=self.num_chunks,
+                what=what,
+                tuned_cache=self.tuned_cache,
+                dtype=str(dtype).removeprefix("torch."),
+            )
+            self.executors[key] = HierarchicalCollective(
+                None, schedule, groups=self.groups, timeout_s=self.timeout_s, check_peers=False
+            )
+        return self.executors[key]

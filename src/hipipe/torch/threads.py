@@ -104,14 +104,19 @@ class _Aborted(Exception):
     """Another dim's thread failed first; this one just stops."""
 
 
-class DimThreads:
-    """One AllReduce in flight: one thread per dim walks its sequence (see module docstring)."""
+class RunState:
+    """One run of a schedule on this rank: what both ways of issuing its ops share.
+
+    :class:`DimThreads` (one thread per dim, Gloo) and
+    :class:`~hipipe.torch.issuer.OrderedIssue` (one thread in the global issue order,
+    CUDA) differ in who waits for what; running one op and recording its times is the
+    same in both (:meth:`run_timed`).
+    """
 
     def __init__(
         self,
         *,
         plans: list[OpPlan],
-        sequences: Sequence[Sequence[int]],
         flat: torch.Tensor,
         op: ReduceOp,
         tag_offset: int,
@@ -122,7 +127,6 @@ class DimThreads:
         deadline_s: float,
     ) -> None:
         self.plans = plans
-        self.sequences = sequences
         self.flat = flat
         self.op = op
         self.tag_offset = tag_offset
@@ -130,17 +134,41 @@ class DimThreads:
         self.rank = rank
         self.streams = streams
         self.sync_for_trace = sync_for_trace
-        self.progress = _Progress(len(plans), deadline_s)
+        self.deadline_s = deadline_s
         self.starts_s = [0.0] * len(plans)
         self.ends_s = [0.0] * len(plans)
-        self.failure: list[str] = []
         self.t0 = time.perf_counter()
+
+    def run_timed(self, index: int, remaining_s: float, stream: Any) -> Any:
+        """Run op ``index``'s transfers and record its host times; on CUDA (``stream`` given)
+        return the event recorded on ``stream`` after it, else None."""
+        self.starts_s[index] = time.perf_counter() - self.t0
+        plan = self.plans[index]
+        run_plan(plan, self.flat, self.op, self.tag_offset + index * self.tag_stride, remaining_s)
+        event = None
+        if stream is not None:
+            event = torch.cuda.Event()
+            event.record(stream)
+            if self.sync_for_trace:
+                event.synchronize()  # host times mean nothing until the GPU is done
+        self.ends_s[index] = time.perf_counter() - self.t0
+        return event
+
+
+class DimThreads(RunState):
+    """One run in flight: one thread per dim walks its sequence (see module docstring)."""
+
+    def __init__(self, *, sequences: Sequence[Sequence[int]], **setup: Any) -> None:
+        super().__init__(**setup)
+        self.sequences = sequences
+        self.progress = _Progress(len(self.plans), self.deadline_s)
+        self.failure: list[str] = []
         # CUDA only: the caller's stream state at the start, and each op's completion event.
         self.ready = None
-        self.events: list[Any] = [None] * len(plans)
-        if streams is not None:
+        self.events: list[Any] = [None] * len(self.plans)
+        if self.streams is not None:
             self.ready = torch.cuda.Event()
-            self.ready.record(torch.cuda.current_stream(flat.device))
+            self.ready.record(torch.cuda.current_stream(self.flat.device))
 
     def execute(self, timeout_s: float) -> None:
         """Start the dims' threads and wait for all of them, the first error, or the deadline."""
@@ -215,17 +243,10 @@ class DimThreads:
         remaining_s = self.progress.deadline_s - time.monotonic()
         if remaining_s <= 0:
             raise TimeoutError("no time left before the deadline")
-        if self.streams is not None and op.step > 0:
-            torch.cuda.current_stream(self.flat.device).wait_event(self.events[index - 1])
-        self.starts_s[index] = time.perf_counter() - self.t0
-        run_plan(plan, self.flat, self.op, self.tag_offset + index * self.tag_stride, remaining_s)
-        if self.streams is not None:
-            event = torch.cuda.Event()
-            event.record(torch.cuda.current_stream(self.flat.device))
-            self.events[index] = event
-            if self.sync_for_trace:
-                event.synchronize()  # host times mean nothing until the GPU is done
-        self.ends_s[index] = time.perf_counter() - self.t0
+        stream = torch.cuda.current_stream(self.flat.device) if self.streams is not None else None
+        if stream is not None and op.step > 0:
+            stream.wait_event(self.events[index - 1])
+        self.events[index] = self.run_timed(index, remaining_s, stream)
 
 
 def run_plan(plan: OpPlan, flat: torch.Tensor, op: ReduceOp, tag_base: int, timeout_s: float) -> None:

@@ -2,8 +2,8 @@
 
 Given op durations (from the current chunk sizes), a non-delay list scheduler starts,
 on every free dimension, the waiting op with the best priority; the order in which
-each dimension started its ops is its sequence. Four rules, all cheap; the search tries
-the two :data:`BASIC_RULES` on every structure and all four where LPs are cheap:
+each dimension started its ops is its sequence. Five rules, all cheap; the search tries
+the two :data:`BASIC_RULES` on every structure and all five where LPs are cheap:
 
 - ``fifo``: the op that became ready first (ties: lower chunk) -- what the pipelined
   baseline does, and what keeps chunks flowing in index order;
@@ -11,7 +11,12 @@ the two :data:`BASIC_RULES` on every structure and all four where LPs are cheap:
   classic critical-path priority: long tails first, so nothing long starts last;
 - ``ag-first``: AllGathers before ReduceScatters (drain before filling more; the same
   as ``fifo`` for ReduceScatter or AllGather alone, whose ops are all of one phase);
-- ``shortest``: the shortest op first (Themis' smallest-chunk-first, by time).
+- ``shortest``: the shortest op first (Themis' smallest-chunk-first, by time);
+- ``nested``: ReduceScatters first (in ready order), then AllGathers in the reverse of
+  the order their chunks' ReduceScatters ran on that dim: the last chunk in is the
+  first out. The proven optima of the exact planner have this shape on libra-3d and
+  rfs-3d at K = 3 (every dim runs ``0R 1R 2R 2A 1A 0A`` for its own chunk order), which
+  no other rule produces. For ReduceScatter or AllGather alone it is ``fifo``.
 
 This is a plain reimplementation rather than a call to the simulator because it runs
 inside the search loop on bare arrays; the simulator times the final schedule.
@@ -35,6 +40,7 @@ class Rule(StrEnum):
     TAIL = "tail"
     AG_FIRST = "ag-first"
     SHORTEST = "shortest"
+    NESTED = "nested"
 
 
 BASIC_RULES: tuple[Rule, ...] = (Rule.FIFO, Rule.TAIL)
@@ -55,8 +61,11 @@ def list_schedule(table: OpTable, durations_s: np.ndarray, rule: Rule) -> tuple[
         tails = np.cumsum(reshaped[:, ::-1], axis=1)[:, ::-1].ravel().tolist()
     queues: list[list[tuple[float, float, int]]] = [[] for _ in range(table.num_dims)]
     sequences: list[list[int]] = [[] for _ in range(table.num_dims)]
+    position = [0] * table.num_ops
+    """Where each started op stands in its dim's sequence (the nested rule's memory)."""
 
     def enqueue(op: int, ready_s: float) -> None:
+        tiebreak = ready_s
         if rule is Rule.TAIL:
             key = -tails[op]
         elif rule is Rule.AG_FIRST:
@@ -64,9 +73,15 @@ def list_schedule(table: OpTable, durations_s: np.ndarray, rule: Rule) -> tuple[
             key = 0.0 if gathers[op] else 1.0
         elif rule is Rule.SHORTEST:
             key = durations[op]
+        elif rule is Rule.NESTED and chain_length == 2 * table.num_dims:  # AllReduce: both halves
+            key = 1.0 if gathers[op] else 0.0
+            if gathers[op]:
+                # The chunk's RS on this dim mirrors this AG in the chain: AG at step s, RS at L-1-s.
+                step = op % chain_length
+                tiebreak = -position[op - step + chain_length - 1 - step]
         else:
             key = ready_s
-        heapq.heappush(queues[dims[op]], (key, ready_s, op))
+        heapq.heappush(queues[dims[op]], (key, tiebreak, op))
 
     for j in range(num_chunks):
         enqueue(j * chain_length, 0.0)
@@ -78,6 +93,7 @@ def list_schedule(table: OpTable, durations_s: np.ndarray, rule: Rule) -> tuple[
             if not busy[k] and queues[k]:
                 _, _, op = heapq.heappop(queues[k])
                 busy[k] = True
+                position[op] = len(sequences[k])
                 sequences[k].append(op)
                 heapq.heappush(events, (now + durations[op], op))
         if not events:
