@@ -23,6 +23,9 @@ CHUNK_LADDER: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 """Numbers of chunks tried, in order: about x1.4 apart, so the best is never far off."""
 
 ALL_RULES_MAX_CHUNKS = 8
+
+NESTED_MAX_CHUNKS = 4
+"""The nested rule is tried up to this K: the optima it matches have one chunk per dim."""
 """Up to this K, the first sequences come from every list-scheduling rule (LPs are cheap)."""
 
 PLAN_BUDGET = 12_000
@@ -245,6 +248,8 @@ def candidate_for(
     table = op_table(topology, orders, options.collective)
     durations = table.durations_s(np.full(num_chunks, message_bytes / num_chunks))
     rules = tuple(Rule) if num_chunks <= ALL_RULES_MAX_CHUNKS else BASIC_RULES
+    if num_chunks > NESTED_MAX_CHUNKS:
+        rules = tuple(rule for rule in rules if rule is not Rule.NESTED)
     sequences = list(dict.fromkeys(list_schedule(table, durations, rule) for rule in rules))
     return optimize_structure(
         topology,

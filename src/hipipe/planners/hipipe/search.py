@@ -123,14 +123,22 @@ def _best_for_chunks(
     return best_here
 
 
+RUNNER_UP_MARGIN = 0.02
+"""The runner-up is climbed too only when within this of the best (relative): further
+behind, the climb has never closed the gap on the reference grid, and it costs plan time."""
+
+
 def _runner_up(pool: list[Candidate], best: Candidate) -> list[Candidate]:
-    """The fastest candidate of another structure than ``best`` (none if there is none)."""
+    """The fastest candidate of another structure than ``best``, if within :data:`RUNNER_UP_MARGIN`."""
     others = [
         c
         for c in pool
         if c.structure.orders != best.structure.orders or c.structure.sequences != best.structure.sequences
     ]
-    return [min(others, key=lambda c: c.makespan_s)] if others else []
+    if not others:
+        return []
+    second = min(others, key=lambda c: c.makespan_s)
+    return [second] if second.makespan_s <= best.makespan_s * (1 + RUNNER_UP_MARGIN) else []
 
 
 def _requested_chunks(log: SearchLog, best: Candidate) -> int:
