@@ -9,8 +9,6 @@ runs one small benchmark end to end and proves that no namespace of its prefix i
 import math
 import os
 import random
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -40,6 +38,7 @@ from hipipe.testbed.layout import (
 )
 from hipipe.testbed.results import THEMIS, TORCH_NAME, BenchConfig, BenchResult, BenchRow
 from hipipe.testbed.shaping import HostCapabilities, KernelCapabilities, rank_tc_commands
+from testbed_host import root_skip_reason
 
 
 def layout_2x4() -> Layout:
@@ -309,24 +308,10 @@ def test_bench_reductions_and_json() -> None:
 # --- the real testbed (root) ---------------------------------------------------------
 
 
-def _root_skip_reason() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root (network namespaces and tc)"
-    for tool in ("ip", "tc"):
-        if shutil.which(tool) is None:
-            return f"{tool} not found: install iproute2"
-    if not Path("/proc/self/ns/net").exists():
-        return "no network namespace support in this kernel"
-    probe = subprocess.run(["ip", "netns", "list"], capture_output=True, check=False)
-    if probe.returncode != 0:
-        return "`ip netns list` fails: no netns support"
-    return None
-
-
 @pytest.mark.root
 @pytest.mark.slow
 def test_testbed_rates_and_one_small_benchmark(tmp_path: Path) -> None:
-    reason = _root_skip_reason()
+    reason = root_skip_reason()
     if reason is not None:
         pytest.skip(reason)
     pytest.importorskip("torch", reason="the benchmark needs torch")

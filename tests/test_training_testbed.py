@@ -1,8 +1,6 @@
 """The training benchmark on a real testbed (root): torchrun nodes in namespaces, faults, cleanup."""
 
 import os
-import shutil
-import subprocess
 import time
 from pathlib import Path
 
@@ -10,24 +8,14 @@ import pytest
 
 from hipipe.testbed import netns
 from hipipe.testbed.layout import TestbedError, new_prefix
+from testbed_host import root_skip_reason
 
 pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.torch]
 
 
-def _skip_reason() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root (network namespaces and tc)"
-    for tool in ("ip", "tc"):
-        if shutil.which(tool) is None:
-            return f"{tool} not found: install iproute2"
-    if subprocess.run(["ip", "netns", "list"], capture_output=True, check=False).returncode != 0:
-        return "`ip netns list` fails: no netns support"
-    return None
-
-
 @pytest.fixture
 def prefix() -> str:
-    reason = _skip_reason()
+    reason = root_skip_reason()
     if reason is not None:
         pytest.skip(reason)
     pytest.importorskip("torch", reason="training needs torch")

@@ -32,6 +32,7 @@ from hipipe.tuning import (
     write_entry,
 )
 from hipipe.tuning.candidates import best_chunk_counts, tuned_entry
+from testbed_host import root_skip_reason
 
 SPEC = "switch:2:5MB/s:1ms,switch:2:15MB/s:1ms"
 MIB = 1 << 20
@@ -213,23 +214,12 @@ def test_tuned_entry_keeps_the_fastest_candidates_schedule() -> None:
 # --- the real testbed (root) ---------------------------------------------------------------
 
 
-def _root_skip_reason() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root (network namespaces and tc)"
-    for tool in ("ip", "tc"):
-        if shutil.which(tool) is None:
-            return f"{tool} not found: install iproute2"
-    if subprocess.run(["ip", "netns", "list"], capture_output=True, check=False).returncode != 0:
-        return "`ip netns list` fails: no netns support"
-    return None
-
-
 @pytest.mark.root
 @pytest.mark.slow
 def test_hipipe_tune_on_a_tiny_testbed_keeps_the_measured_fastest(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    reason = _root_skip_reason()
+    reason = root_skip_reason()
     if reason is not None:
         pytest.skip(reason)
     pytest.importorskip("torch", reason="tuning runs the executor")
