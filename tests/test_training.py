@@ -106,11 +106,29 @@ def test_torchrun_command_is_one_node_per_namespace() -> None:
     assert other[-3:] == ["-m", "hipipe.training.worker", "job.json"]
 
 
-def _run_locally(tmp_path, workload: str, planner: str) -> dict:  # type: ignore[no-untyped-def]
-    """torchrun --standalone with 4 ranks on loopback: both implementations, 3 steps."""
+def _torchrun_locally(tmp_path, job: TrainingJob, timeout_s: float):  # type: ignore[no-untyped-def]
+    """The job under torchrun --standalone with 4 ranks on loopback; the finished process."""
     import json
     import subprocess
     import sys
+
+    job_path = tmp_path / "job.json"
+    job_path.write_text(json.dumps(job.to_dict()))
+    return subprocess.run(
+        [
+            *(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4"),
+            *("-m", "hipipe.training.worker", str(job_path)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+
+
+def _run_locally(tmp_path, workload: str, planner: str) -> dict:  # type: ignore[no-untyped-def]
+    """Both implementations, 3 steps, 4 ranks on a 2x2 topology; rank 0's runs document."""
+    import json
 
     job = TrainingJob(
         topology=load_topology("ring:2:1GB/s:1us,ring:2:1GB/s:1us"),
@@ -122,18 +140,7 @@ def _run_locally(tmp_path, workload: str, planner: str) -> dict:  # type: ignore
         planner=planner,
         timeout_s=60,
     )
-    job_path = tmp_path / "job.json"
-    job_path.write_text(json.dumps(job.to_dict()))
-    done = subprocess.run(
-        [
-            *(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4"),
-            *("-m", "hipipe.training.worker", str(job_path)),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    done = _torchrun_locally(tmp_path, job, timeout_s=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     return json.loads((tmp_path / "runs.json").read_text())  # type: ignore[no-any-return]
 
@@ -170,10 +177,6 @@ def test_a_torch_without_the_fsdp2_interface_is_one_clear_error(monkeypatch: pyt
 
 @pytest.mark.slow
 def test_a_world_that_is_not_the_topology_fails_every_rank_in_one_line(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    import json
-    import subprocess
-    import sys
-
     job = TrainingJob(
         topology=load_topology("ring:2:1GB/s:1us,ring:4:1GB/s:1us"),  # 8 NPUs for a 4-rank job
         workload="fsdp",  # type: ignore[arg-type]
@@ -183,18 +186,7 @@ def test_a_world_that_is_not_the_topology_fails_every_rank_in_one_line(tmp_path)
         output_path=str(tmp_path / "runs.json"),
         timeout_s=30,
     )
-    job_path = tmp_path / "job.json"
-    job_path.write_text(json.dumps(job.to_dict()))
-    done = subprocess.run(
-        [
-            *(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4"),
-            *("-m", "hipipe.training.worker", str(job_path)),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    done = _torchrun_locally(tmp_path, job, timeout_s=300)
     assert done.returncode != 0
     errors = [line for line in (done.stdout + done.stderr).splitlines() if line.startswith("rank ")]
     assert len(errors) == 4, errors  # every rank, one line each

@@ -32,6 +32,7 @@ from torch import nn
 
 from hipipe.errors import HipipeError
 from hipipe.topology import Topology
+from hipipe.torch.timing import slowest_rank_s
 from hipipe.training.model import ModelConfig, TinyLM, synthetic_batch
 
 TIMED_FROM_STEP = 2
@@ -140,13 +141,6 @@ def _wrap(
     return model, lambda: None
 
 
-def _slowest(values: Sequence[float]) -> tuple[float, ...]:
-    """Per entry, the largest value over all ranks."""
-    gathered: list[list[float] | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, list(values))
-    return tuple(max(rank_values[i] for rank_values in gathered if rank_values) for i in range(len(values)))
-
-
 def _mean_over_ranks(values: Sequence[float]) -> tuple[float, ...]:
     gathered: list[list[float] | None] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, list(values))
@@ -171,7 +165,7 @@ def compute_only_step_s(config: TrainingConfig) -> float:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         times_s.append(time.perf_counter() - start)
-    return max(_slowest([statistics.median(times_s)]))
+    return slowest_rank_s([statistics.median(times_s)])[0]
 
 
 def train(
@@ -219,7 +213,7 @@ def train(
     return TrainingRun(
         name=implementation,
         workload=config.workload,
-        step_times_s=_slowest(times_s),
+        step_times_s=slowest_rank_s(times_s),
         losses=_mean_over_ranks(losses),
         compute_step_s=compute_only_step_s(config),
     )
