@@ -15,17 +15,21 @@ import pytest
 
 from hipipe.cli import main
 from hipipe.cost import op_time_s
+from hipipe.overheads import Overheads
+from hipipe.predict import predicted_s, replay_op_times_s
 from hipipe.report.bench import result_to_dict
-from hipipe.simulator import simulate_chunks
 from hipipe.testbed import netns
 from hipipe.testbed.fit import (
+    DimFit,
+    OverheadRun,
     Sample,
     calibrated_topology,
     calibration_sizes_bytes,
     fit_dim,
     fit_line,
-    fit_op_overhead_s,
+    fit_overheads,
     overhead_schedule,
+    retime,
 )
 from hipipe.testbed.layout import (
     MAX_IFNAME_CHARS,
@@ -225,8 +229,8 @@ def test_fit_recovers_bandwidth_and_latency_from_noisy_samples() -> None:
     assert fit.num_samples == 8
 
 
-def test_op_overhead_is_recovered_from_a_pipelined_makespan() -> None:
-    fits = [
+def _two_dim_fits() -> list[DimFit]:
+    return [
         fit_dim(
             k,
             n,
@@ -234,14 +238,47 @@ def test_op_overhead_is_recovered_from_a_pipelined_makespan() -> None:
         )
         for k, (n, c, bw) in enumerate([(2, 0.002, 6e6), (4, 0.001, 24e6)])
     ]
+
+
+def _traced_run(fits: list[DimFit], truth: Overheads) -> OverheadRun:
+    """The overhead schedule as a run on a network whose overheads are ``truth`` (no jitter)."""
     schedule = overhead_schedule(fits, 4 << 20)
-    assert schedule.num_chunks == 32
-    slower = calibrated_topology(fits, op_overhead_s=0.003)
-    measured = simulate_chunks(
-        slower, schedule.message_bytes, schedule.chunks, policy="fixed", sequences=schedule.sequences
-    ).makespan_s
-    assert fit_op_overhead_s(fits, schedule, measured) == pytest.approx(0.003, rel=1e-4)
-    assert fit_op_overhead_s(fits, schedule, schedule.makespan_s * 0.9) == 0.0
+    on_truth = retime(schedule, calibrated_topology(fits, overheads=truth))
+    starts, ends = replay_op_times_s(on_truth, random.Random(0))
+    return OverheadRun(
+        schedule=schedule,
+        times_s=(max(ends),),
+        op_times_s=tuple(zip(starts, ends, strict=True)),
+        memory_bytes_per_s=truth.memory_bytes_per_s,
+    )
+
+
+def test_linear_overheads_are_recovered_from_a_traced_pipelined_run() -> None:
+    fits = _two_dim_fits()
+    truth = Overheads(op_s=0.003, handoff_s=0.0005, memory_bytes_per_s=2e9)
+    run = _traced_run(fits, truth)
+    assert run.schedule.num_chunks == 32
+    fitted = fit_overheads(fits, run)
+    assert fitted.op_s == pytest.approx(0.003, rel=1e-3)
+    assert fitted.handoff_s == pytest.approx(0.0005, rel=1e-6)
+    assert fitted.memory_bytes_per_s == 2e9
+    assert fitted.concurrency_slowdown == pytest.approx(0.0, abs=1e-6)
+    assert fitted.jitter_cv == pytest.approx(0.0, abs=1e-6)
+    # Not slower than the alpha-beta lines: nothing to add.
+    untraced = OverheadRun(schedule=run.schedule, times_s=(run.schedule.makespan_s * 0.9,))
+    assert fit_overheads(fits, untraced) == Overheads()
+
+
+def test_concurrency_slowdown_is_recovered_from_the_trace() -> None:
+    fits = _two_dim_fits()
+    truth = Overheads(op_s=0.002, concurrency_slowdown=0.25)
+    fitted = fit_overheads(fits, _traced_run(fits, truth))
+    assert fitted.concurrency_slowdown == pytest.approx(0.25, rel=0.05)
+    assert fitted.op_s == pytest.approx(0.002, rel=0.1)
+    # Whatever the split, the fitted model predicts the measured makespan.
+    run = _traced_run(fits, truth)
+    predicted = predicted_s(retime(run.schedule, calibrated_topology(fits, overheads=fitted)))
+    assert predicted == pytest.approx(run.times_s[0], rel=1e-3)
 
 
 def test_calibration_sizes_follow_the_slowest_rate() -> None:

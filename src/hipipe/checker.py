@@ -382,11 +382,14 @@ def _check_dims_busy_once(schedule: Schedule, problems: _Problems, tol_s: float)
 def _check_precedence(schedule: Schedule, problems: _Problems, tol_s: float) -> None:
     for chunk in schedule.chunks:
         ops = schedule.chunk_ops(chunk.index)
+        handoff_s = schedule.topology.overheads.handoff_s
         for before, op in itertools.pairwise(ops):
-            if op.start_s < before.end_s - tol_s:
+            delay_s = handoff_s if op.dims != before.dims else 0.0
+            if op.start_s < before.end_s + delay_s - tol_s:
                 problems.add(
                     f"{_describe(op)} starts at {_t(op.start_s)} before its input exists"
-                    f" (op {before.index} ends at {_t(before.end_s)})"
+                    f" (op {before.index} ends at {_t(before.end_s)}"
+                    + (f", plus a {_t(delay_s)} hand-off)" if delay_s else ")")
                 )
 
 
@@ -395,7 +398,7 @@ def _check_durations(schedule: Schedule, problems: _Problems, tol_s: float, rel_
     for op in schedule.ops:
         if not all(0 <= k < schedule.topology.num_dims for k in op.dims) or not op.dims:
             continue
-        physics_s = op_time_s(schedule.topology, op.dims, op.full_bytes)
+        physics_s = op_time_s(schedule.topology, op.dims, op.full_bytes, op.phase)
         if op.duration_s < physics_s * (1 - rel_tol) - tol_s:
             problems.add(
                 f"{_describe(op)} lasts {_t(op.duration_s)} but the cost model needs at least"

@@ -8,12 +8,16 @@ is the per-NPU buffer on the wide side of the op: the RS input, the AG output.
 - a group G (flat ring over n = prod n_k NPUs): n-1 steps, each bottlenecked by the
   slowest dimension it crosses: ``t = (n-1) * max_k (hops_k * a_k + S/n / B_k)``.
   For a single ring-algorithm dimension both formulas agree.
+
+A topology's calibrated :class:`~hipipe.overheads.Overheads` add, to every op, the fixed
+``op_s`` and, to a ReduceScatter, the local reduction ``3 (n-1)/n S / memory_bytes_per_s``
+(``n`` the group's NPUs). Both are linear, so the coefficients stay exact.
 """
 
 import math
 from collections.abc import Sequence
 
-from hipipe.schedule import Collective
+from hipipe.schedule import Collective, Phase
 from hipipe.topology import HOPS_PER_STEP, Topology
 
 
@@ -22,26 +26,49 @@ def group_size(topology: Topology, dims: Sequence[int]) -> int:
     return math.prod(topology.dims[k].size for k in dims)
 
 
-def op_time_s(topology: Topology, dims: Sequence[int], full_bytes: float) -> float:
-    """Duration of one RS or AG over ``dims`` whose wide side is ``full_bytes`` per NPU."""
-    constant_s, per_byte_s = op_time_coefficients(topology, dims)
+def op_time_s(
+    topology: Topology, dims: Sequence[int], full_bytes: float, phase: Phase | None = None
+) -> float:
+    """Duration of one RS or AG over ``dims`` whose wide side is ``full_bytes`` per NPU.
+
+    ``phase`` matters only with a calibrated memory bandwidth: a ReduceScatter also pays
+    its local reduction. ``None`` means an AllGather-like op (no reduction).
+    """
+    overheads = topology.overheads
+    extra_s = overheads.op_s
+    if phase is Phase.RS:
+        extra_s += overheads.reduction_s(group_size(topology, dims), full_bytes)
     if len(dims) == 1:
-        return constant_s + per_byte_s * full_bytes
+        constant_s, per_byte_s = _alpha_beta(topology, dims)
+        return constant_s + per_byte_s * full_bytes + extra_s
     n = group_size(topology, dims)
-    return (n - 1) * max(
+    return extra_s + (n - 1) * max(
         HOPS_PER_STEP[topology.dims[k].kind] * topology.dims[k].latency_s
         + full_bytes / n / topology.dims[k].bandwidth_bytes_per_s
         for k in dims
     )
 
 
-def op_time_coefficients(topology: Topology, dims: Sequence[int]) -> tuple[float, float]:
+def op_time_coefficients(
+    topology: Topology, dims: Sequence[int], phase: Phase | None = None
+) -> tuple[float, float]:
     """``(constant_s, per_byte_s)`` with ``time = constant_s + per_byte_s * full_bytes``.
 
     Exact for single-dimension ops, which is what makes chunk sizing a linear program.
     For a multi-dimension group it is exact only when one dimension is the bottleneck
-    of both terms; :func:`op_time_s` is the reference.
+    of both terms; :func:`op_time_s` is the reference. Includes the calibrated per-op
+    cost and, for a ReduceScatter (``phase``), the local reduction.
     """
+    constant_s, per_byte_s = _alpha_beta(topology, dims)
+    overheads = topology.overheads
+    constant_s += overheads.op_s
+    if phase is Phase.RS:
+        per_byte_s += overheads.reduction_s_per_byte(group_size(topology, dims))
+    return constant_s, per_byte_s
+
+
+def _alpha_beta(topology: Topology, dims: Sequence[int]) -> tuple[float, float]:
+    """The network's own ``(constant_s, per_byte_s)``: latency and bandwidth only."""
     if len(dims) == 1:
         dim = topology.dims[dims[0]]
         return dim.latency_s * dim.latency_steps, (dim.size - 1) / dim.size / (dim.bandwidth_bytes_per_s)

@@ -1,7 +1,10 @@
 """A discrete-event simulator of schedules under the alpha-beta cost model.
 
 Each dimension runs one op at a time; ops on different dimensions run concurrently;
-an op starts only once the previous op of its chunk has ended. What a free dimension
+an op starts only once the previous op of its chunk has ended (plus the topology's
+calibrated hand-off delay when the chunk changes dimension; :mod:`hipipe.overheads`).
+The linear overheads are charged here exactly, as the chunk-size LP charges them; the
+non-linear ones (concurrency, jitter) only by :mod:`hipipe.predict`. What a free dimension
 runs next is decided by a queue policy:
 
 - ``fifo``:  the op that became ready first (ties: lower chunk, then earlier step);
@@ -61,7 +64,7 @@ def _untimed_ops(topology: Topology, chunks: Sequence[Chunk], collective: Collec
                     dims=dims,
                     input_bytes=input_bytes,
                     output_bytes=output_bytes,
-                    duration_s=op_time_s(topology, dims, max(input_bytes, output_bytes)),
+                    duration_s=op_time_s(topology, dims, max(input_bytes, output_bytes), phase),
                 )
             )
     return ops
@@ -73,6 +76,7 @@ class _Run:
 
     ops: list[_UntimedOp]
     num_dims: int
+    handoff_s: float = 0.0
     start_s: list[float] = field(default_factory=list)
     end_s: list[float] = field(default_factory=list)
     sequences: list[list[int]] = field(default_factory=list)
@@ -101,7 +105,7 @@ def simulate_chunks(
     policy = Policy(policy)
     collective = Collective.parse(collective)
     ops = _untimed_ops(topology, chunks, collective)
-    run = _Run(ops=ops, num_dims=topology.num_dims)
+    run = _Run(ops=ops, num_dims=topology.num_dims, handoff_s=topology.overheads.handoff_s)
     if policy is Policy.FIXED:
         if sequences is None:
             raise ScheduleError("the fixed policy needs per-dimension sequences")
@@ -200,6 +204,17 @@ class _AstraQueue:
         self._waiting.pop(0)
 
 
+def _handoff_s(ops: list[_UntimedOp], index: int, handoff_s: float) -> float:
+    """Delay before op ``index`` may start after its chain predecessor ends.
+
+    Only a change of dimension hands the chunk to another dimension's worker; the
+    RS-to-AG turn on the same dimension stays with the same one and pays nothing.
+    """
+    if handoff_s == 0 or ops[index].step == 0:
+        return 0.0
+    return handoff_s if ops[index].dims != ops[index - 1].dims else 0.0
+
+
 def _run_queued(run: _Run, policy: Policy) -> None:
     """Event loop: at each time, retire ending ops, then give every free dimension work."""
     ops = run.ops
@@ -210,7 +225,8 @@ def _run_queued(run: _Run, policy: Policy) -> None:
         for _ in range(run.num_dims)
     ]
     busy = [False] * run.num_dims
-    events: list[tuple[float, int, int]] = []  # (time, seq, op index) of op ends
+    events: list[tuple[float, int, int]] = []  # (time, seq, op index): op ends and hand-offs
+    handed_over: set[int] = set()  # ops whose pending event is the end of their hand-off
     seq = 0
 
     def enqueue(index: int, ready_s: float, *, initial: bool = False) -> None:
@@ -247,10 +263,20 @@ def _run_queued(run: _Run, policy: Policy) -> None:
         now = events[0][0]
         while events and events[0][0] == now:
             _, _, index = heapq.heappop(events)
+            if index in handed_over:
+                handed_over.discard(index)
+                enqueue(index, now)  # its hand-off delay is over
+                continue
             for d in ops[index].dims:
                 busy[d] = False
             if ops[index].step < last_step[ops[index].chunk]:
-                enqueue(index + 1, now)
+                handoff_s = _handoff_s(ops, index + 1, run.handoff_s)
+                if handoff_s > 0:
+                    handed_over.add(index + 1)
+                    heapq.heappush(events, (now + handoff_s, seq, index + 1))
+                    seq += 1
+                else:
+                    enqueue(index + 1, now)
     if not all(started):
         raise AssertionError("simulator finished with ops that never ran")
 
@@ -291,7 +317,8 @@ def _run_fixed(run: _Run, sequences: list[list[int]]) -> None:
         run.end_s[index] = ready_s[index] + ops[index].duration_s
         timed += 1
         for after in successors[index]:
-            ready_s[after] = max(ready_s[after], run.end_s[index])
+            delay_s = _handoff_s(ops, after, run.handoff_s) if after == index + 1 and ops[after].step else 0.0
+            ready_s[after] = max(ready_s[after], run.end_s[index] + delay_s)
             waiting_on[after] -= 1
             if waiting_on[after] == 0:
                 ready.append(after)

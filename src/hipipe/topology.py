@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from hipipe.errors import TopologyError
+from hipipe.overheads import Overheads
 
 
 class Kind(StrEnum):
@@ -140,6 +141,8 @@ class Topology:
 
     dims: tuple[Dimension, ...]
     name: str = ""
+    overheads: Overheads = field(default_factory=Overheads)
+    """Calibrated costs beyond alpha-beta (:mod:`hipipe.overheads`); zero unless measured."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dims", tuple(self.dims))

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from hipipe.errors import HipipeError, TopologyError
+from hipipe.overheads import Overheads
 from hipipe.presets import PRESETS
 from hipipe.topology import DEFAULT_ALGORITHM, Algorithm, Dimension, Topology, _parse_kind
 from hipipe.units import parse_bandwidth_bytes_per_s, parse_time_s
@@ -114,7 +115,7 @@ def read_topology_file(path: Path) -> Topology:
             topo = topology_from_dict(data)
     except TopologyError as exc:
         raise TopologyError(f"{path}: {exc}") from None
-    return topo if topo.name else Topology(dims=topo.dims, name=path.stem)
+    return topo if topo.name else Topology(dims=topo.dims, name=path.stem, overheads=topo.overheads)
 
 
 def topology_from_astra_sim(data: dict[str, Any]) -> Topology:
@@ -168,7 +169,8 @@ def topology_from_dict(data: Any) -> Topology:
             dims.append(_dimension_from_dict(entry))
         except HipipeError as exc:
             raise TopologyError(f"dimension {k}: {exc}") from None
-    return Topology(dims=tuple(dims), name=str(data.get("name", "") or ""))
+    overheads = Overheads.from_dict(data["overheads"]) if data.get("overheads") is not None else Overheads()
+    return Topology(dims=tuple(dims), name=str(data.get("name", "") or ""), overheads=overheads)
 
 
 def _dimension_from_dict(entry: dict[str, Any]) -> Dimension:
@@ -216,7 +218,7 @@ def topology_to_dict(topology: Topology) -> dict[str, Any]:
             }
             for d in topology.dims
         ],
-    }
+    } | ({} if topology.overheads.is_zero else {"overheads": topology.overheads.to_dict()})
 
 
 def topology_to_yaml(topology: Topology) -> str:

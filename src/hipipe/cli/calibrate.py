@@ -71,8 +71,7 @@ def _yaml(calibration: Calibration, source: str) -> str:
         )
     if calibration.overhead_times_s:
         header.append(
-            f"# +{calibration.op_overhead_s * 1e3:.3f} ms per op measured inside {OVERHEAD_PLANNER} runs"
-            " (included in each dimension's latency)"
+            f"# overheads measured inside {OVERHEAD_PLANNER} runs: {calibration.overheads.describe()}"
         )
     return "\n".join(header) + "\n" + topology_to_yaml(calibration.topology())
 
@@ -140,7 +139,7 @@ def _under_torchrun(
     dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s))
     try:
         groups = dimension_groups(sizes, timeout_s=timeout_s)
-        samples, overhead, overhead_times = calibrate_in_process(
+        samples, overhead = calibrate_in_process(
             sizes,
             groups,
             sizes_bytes=sizes_bytes,
@@ -154,5 +153,5 @@ def _under_torchrun(
         dist.destroy_process_group()
     if rank != 0:
         return None, ""
-    calibration = calibration_from_samples(sizes, samples, overhead=overhead, overhead_times_s=overhead_times)
+    calibration = calibration_from_samples(sizes, samples, overhead=overhead)
     return calibration, f"torchrun world {args.shape}"

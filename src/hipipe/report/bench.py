@@ -87,7 +87,7 @@ def describe_calibration(calibration: Calibration) -> str:
         for f in calibration.fits
     ]
     if calibration.overhead_times_s:
-        parts.append(f"+{calibration.op_overhead_s * 1e3:.2f} ms per op inside pipelined runs")
+        parts.append(f"overheads {calibration.overheads.describe()}")
     return "; ".join(parts)
 
 

@@ -20,16 +20,18 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from hipipe.planners import plan
+from hipipe.predict import predicted_s
 from hipipe.schedule import Schedule
-from hipipe.simulator import simulate_chunks
 from hipipe.testbed import netns
 from hipipe.testbed.fit import (
     CONCURRENT_WINDOW_S,
     Calibration,
+    OverheadRun,
     calibration_from_samples,
     calibration_sizes_bytes,
     fit_all,
     overhead_schedule,
+    retime,
 )
 from hipipe.testbed.launch import run_job
 from hipipe.testbed.layout import Layout, TestbedError
@@ -150,12 +152,18 @@ def calibrate_testbed(
     samples = next((e for e in events if isinstance(e, CalibrationSamples)), None)
     if samples is None:
         raise TestbedError(f"the calibration returned no samples (logs in {workdir})")
-    times = next((e.times_s for e in events if isinstance(e, OverheadTimes)), ())
+    measured = next((e for e in events if isinstance(e, OverheadTimes)), None)
     if progress:
         progress(total, total, "calibration")
-    return calibration_from_samples(
-        layout.sizes, samples.samples, overhead=planned[0] if planned else None, overhead_times_s=times
-    )
+    run = None
+    if planned and measured is not None:
+        run = OverheadRun(
+            schedule=planned[0],
+            times_s=measured.times_s,
+            op_times_s=measured.op_times_s,
+            memory_bytes_per_s=measured.memory_bytes_per_s,
+        )
+    return calibration_from_samples(layout.sizes, samples.samples, overhead=run)
 
 
 def _calibrate(
@@ -173,19 +181,14 @@ def _calibrate(
 
 
 def predicted_on_s(topology: Topology, schedule: Schedule) -> float:
-    """``schedule``'s makespan replayed on ``topology`` (its own chunks and sequences).
+    """``schedule`` replayed on ``topology`` (its own chunks and sequences), full cost model.
 
-    A tuned schedule was planned on another calibration of the testbed: to compare its
-    prediction with the other rows, replay it on this run's topology.
+    The median of :func:`hipipe.predict.predict`: the linear overheads as the simulator
+    charges them, plus the calibrated concurrency and jitter. A tuned schedule was
+    planned on another calibration of the testbed, so every row is replayed on this
+    run's topology before it is compared.
     """
-    return simulate_chunks(
-        topology,
-        schedule.message_bytes,
-        schedule.chunks,
-        policy="fixed",
-        sequences=schedule.sequences,
-        collective=schedule.collective,
-    ).makespan_s
+    return predicted_s(retime(schedule, topology))
 
 
 def _run_plans(
@@ -203,7 +206,7 @@ def _run_plans(
         for name in config.planners:
             key = RunKey(planner=name, message_bytes=message_bytes)
             schedules[key] = plan(topology, message_bytes, name)
-            predicted[key] = schedules[key].makespan_s
+            predicted[key] = predicted_on_s(topology, schedules[key])
         if message_bytes in tuned:
             key = RunKey(planner=TUNED_NAME, message_bytes=message_bytes)
             schedules[key] = tuned[message_bytes]
@@ -217,7 +220,7 @@ def _run_plans(
                 )
         if config.include_torch:
             key = RunKey(planner=TORCH_NAME, message_bytes=message_bytes)
-            predicted[key] = plan(topology, message_bytes, "ring").makespan_s
+            predicted[key] = predicted_on_s(topology, plan(topology, message_bytes, "ring"))
             tasks.append(TorchTask(key=key, warmup=config.warmup, repeats=config.repeats))
     results = run_tasks(layout, tasks, predicted, workdir=workdir, progress=progress)
     rows: list[BenchRow] = []

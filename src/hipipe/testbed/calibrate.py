@@ -20,7 +20,13 @@ import torch.distributed as dist
 
 from hipipe.errors import HipipeError
 from hipipe.schedule import Schedule
-from hipipe.testbed.fit import DEFAULT_CALIBRATION_SIZES_BYTES, Sample, fit_all, overhead_schedule
+from hipipe.testbed.fit import (
+    DEFAULT_CALIBRATION_SIZES_BYTES,
+    OverheadRun,
+    Sample,
+    fit_all,
+    overhead_schedule,
+)
 from hipipe.testbed.layout import TestbedError
 from hipipe.torch.collectives import ring_all_gather, ring_reduce_scatter
 from hipipe.torch.executor import HierarchicalAllReduce
@@ -78,15 +84,41 @@ def measure_in_process(
 
 def measure_overhead_in_process(
     schedule: Schedule, groups: Sequence[Any], *, repeats: int, timeout_s: float
-) -> list[float]:
-    """Run the overhead schedule with the executor: one warm-up, then the slowest rank's time per repeat.
+) -> tuple[list[float], tuple[tuple[float, float], ...]]:
+    """Run the overhead schedule with the executor: one warm-up, the slowest rank's time per
+    repeat, then one traced run: ``(times, this rank's (start_s, end_s) per op)``.
 
     ``schedule`` was planned once (by the parent, or by rank 0 under torchrun) and handed
     to every rank; the executor checks that all ranks hold the same one.
     """
     executor = HierarchicalAllReduce(None, schedule, groups=list(groups), timeout_s=timeout_s)
     tensor = torch.zeros(schedule.message_bytes // 4, dtype=torch.float32)
-    return timed_runs(lambda: executor.run(tensor), warmup=1, repeats=repeats)
+    times = timed_runs(lambda: executor.run(tensor), warmup=1, repeats=repeats)
+    dist.barrier()
+    trace = executor.run(tensor, trace=True)
+    assert trace is not None
+    return times, tuple((t.start_s, t.end_s) for t in trace.ops)
+
+
+MEMORY_PROBE_BYTES = 16 * 1024 * 1024
+"""Buffer of the memory-bandwidth probe: far beyond the caches, as a chunk's reduction is."""
+
+
+def measure_memory_bytes_per_s(*, probe_bytes: int = MEMORY_PROBE_BYTES, repeats: int = 5) -> float:
+    """This rank's bandwidth for the reduction's ``out = a + b``: 3 buffers moved per add.
+
+    Best of ``repeats``: like the per-dimension lines, the op's own cost, not the host's
+    noise (which the jitter term carries).
+    """
+    a = torch.ones(probe_bytes // 4, dtype=torch.float32)
+    b = torch.ones_like(a)
+    out = torch.empty_like(a)
+    best_s = math.inf
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        torch.add(a, b, out=out)
+        best_s = min(best_s, time.perf_counter() - t0)
+    return 3 * probe_bytes / best_s
 
 
 def calibrate_in_process(
@@ -98,10 +130,11 @@ def calibrate_in_process(
     timeout_s: float,
     concurrent_window_s: float,
     overhead_message_bytes: int,
-) -> tuple[list[Sample], Schedule | None, list[float]]:
+) -> tuple[list[Sample], OverheadRun | None]:
     """Samples, then the overhead run, under torchrun: rank 0 plans the schedule and sends it.
 
-    Returns ``(samples, overhead schedule or None, its times)``, the same on every rank.
+    Returns ``(samples, the overhead run or None)``; the run's trace and memory bandwidth
+    are rank 0's (the caller fits on rank 0).
     """
     samples = measure_in_process(
         sizes,
@@ -112,12 +145,18 @@ def calibrate_in_process(
         concurrent_window_s=concurrent_window_s,
     )
     if not overhead_message_bytes:
-        return samples, None, []
+        return samples, None
     schedule = Schedule.from_json(
         share_from_rank0(lambda: overhead_schedule(fit_all(sizes, samples), overhead_message_bytes).to_json())
     )
-    times = measure_overhead_in_process(schedule, groups, repeats=repeats, timeout_s=timeout_s)
-    return samples, schedule, times
+    times, op_times = measure_overhead_in_process(schedule, groups, repeats=repeats, timeout_s=timeout_s)
+    run = OverheadRun(
+        schedule=schedule,
+        times_s=tuple(times),
+        op_times_s=op_times,
+        memory_bytes_per_s=measure_memory_bytes_per_s(),
+    )
+    return samples, run
 
 
 def share_from_rank0(make: Callable[[], str]) -> str:

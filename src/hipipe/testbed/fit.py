@@ -10,18 +10,22 @@ so a least-squares line through ``(x = (n_k-1)/n_k * S, t)`` gives ``1/B_k`` as 
 slope and ``latency_steps_k * a_k`` as its intercept. The calibrated topology keeps the
 dimension kind the testbed emulates (a switch, ring algorithm) so ``plan`` reads it
 back and predicts with exactly the measured coefficients. A second, optional number --
-the per-op overhead inside a pipelined run -- is fitted against the simulator replaying
+the calibrated overheads (:mod:`hipipe.overheads`) -- are fitted from a pipelined run of
 the overhead schedule (:func:`overhead_schedule`), which the caller plans once and
-hands to every rank.
+hands to every rank: its timed repeats, one traced run and the memory bandwidth.
 """
 
+import itertools
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from hipipe.cost import op_time_s
+from hipipe.overheads import Overheads
 from hipipe.planners import plan
+from hipipe.predict import predicted_s
 from hipipe.schedule import Schedule
 from hipipe.simulator import simulate_chunks
 from hipipe.testbed.layout import TestbedError
@@ -113,7 +117,7 @@ def fit_dim(dim: int, size: int, samples: Sequence[Sample]) -> DimFit:
     Repeats of one (phase, size) are first reduced to their minimum: noise on a shared
     host only ever adds time (one descheduled rank can stretch a small op tenfold), so
     the minimum is the op's own cost. The typical extra cost inside real runs is
-    measured separately, as the per-op overhead (:func:`fit_op_overhead_s`).
+    measured separately, as the per-op overhead (:func:`fit_overheads`).
     """
     mine = [s for s in samples if s.dim == dim]
     groups: dict[tuple[str, int], list[float]] = {}
@@ -144,13 +148,12 @@ def fit_dim(dim: int, size: int, samples: Sequence[Sample]) -> DimFit:
 
 
 def calibrated_topology(
-    fits: Sequence[DimFit], *, name: str = "calibrated", op_overhead_s: float = 0.0
+    fits: Sequence[DimFit], *, name: str = "calibrated", overheads: Overheads | None = None
 ) -> Topology:
-    """A topology whose cost model reproduces the fitted lines exactly (plus an overhead).
+    """A topology whose alpha-beta terms reproduce the fitted lines exactly, plus ``overheads``.
 
     Each dimension is a switch with the ring algorithm, whose ``latency_steps`` is
-    2 (n-1): the per-link latency is the op's constant divided by that. The constant
-    is the fitted intercept plus ``op_overhead_s`` (:func:`fit_op_overhead_s`).
+    2 (n-1): the per-link latency is the op's fitted constant divided by that.
     """
     dims = []
     for fit in sorted(fits, key=lambda f: f.dim):
@@ -166,73 +169,203 @@ def calibrated_topology(
                 kind=Kind.SWITCH,
                 size=fit.size,
                 bandwidth_bytes_per_s=max(MIN_BANDWIDTH_BYTES_PER_S, fit.bandwidth_bytes_per_s),
-                latency_s=(fit.constant_s + op_overhead_s) / template.latency_steps,
+                latency_s=fit.constant_s / template.latency_steps,
                 algorithm=Algorithm.RING,
             )
         )
-    return Topology(dims=tuple(dims), name=name)
+    return Topology(dims=tuple(dims), name=name, overheads=overheads or Overheads())
 
 
 OVERHEAD_PLANNER = "pipelined"
-"""The schedule that calibrates the per-op overhead: many chunks, every dimension busy,
-and neither of the two plans the benchmark compares (hipipe, themis)."""
+"""The schedule that calibrates the overheads: many chunks, every dimension busy, the
+hand-offs and the concurrency a pipelined plan has, and a plan the tuner never keeps."""
 
 OVERHEAD_NUM_CHUNKS = 32
 
+MIN_TRACE_SAMPLES = 5
+"""Fewest ops behind a fitted hand-off or concurrency term; fewer: the term stays 0."""
+
+MAD_TO_SIGMA = 1.4826
+"""Median absolute deviation to standard deviation, for normal noise: robust to the rare
+op a descheduled rank stretches tenfold, which would dominate a plain variance."""
+
 
 def overhead_schedule(fits: Sequence[DimFit], message_bytes: int) -> Schedule:
-    """The schedule every rank runs to measure the per-op overhead, planned once by the caller."""
+    """The schedule every rank runs to measure the overheads, planned once by the caller."""
     return plan(calibrated_topology(fits), message_bytes, OVERHEAD_PLANNER, num_chunks=OVERHEAD_NUM_CHUNKS)
 
 
-def fit_op_overhead_s(fits: Sequence[DimFit], schedule: Schedule, measured_s: float) -> float:
-    """The extra constant per op that makes the simulated makespan equal the measured one.
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OverheadRun:
+    """What the ranks measured running the overhead schedule."""
 
-    The per-dimension lines are measured one op at a time. Inside a pipelined run an op
-    also waits for its chunk's previous op on *other* groups of ranks, and with several
-    ranks per core every such hand-off costs scheduling delay. One number per testbed,
-    found by bisection on the simulator replaying ``schedule``'s own sequences; 0 if the
-    run was not slower than predicted.
+    schedule: Schedule
+    times_s: tuple[float, ...]
+    """The slowest rank's time per timed repeat."""
+    op_times_s: tuple[tuple[float, float], ...] = ()
+    """``(start_s, end_s)`` per op of one more, traced, run on rank 0 (empty: not traced)."""
+    memory_bytes_per_s: float = 0.0
+    """Rank 0's bandwidth for ``out = a + b`` (0: not measured)."""
+
+
+def fit_overheads(fits: Sequence[DimFit], run: OverheadRun) -> Overheads:
+    """Every calibrated term from one pipelined run (docs/MODEL.md section 10).
+
+    - memory bandwidth: measured directly;
+    - hand-off: the median wait of an op whose dimension was already free when its
+      chunk's previous op (on another dimension) ended;
+    - concurrency: how much longer, relative to the alpha-beta line, ops run when other
+      dimensions are busy at their start than when none is, per other busy dimension;
+    - jitter: the robust spread (MAD) of those relative durations;
+    - per-op cost: last, by bisection, so that the predicted median (:mod:`hipipe.predict`,
+      with all the above) equals the measured median. 0 if the run was not slower.
     """
+    base = calibrated_topology(fits, overheads=Overheads(memory_bytes_per_s=run.memory_bytes_per_s))
+    schedule = replace(run.schedule, topology=base)
+    measured_s = statistics.median(run.times_s)
+    traced = len(run.op_times_s) == len(schedule.ops) and bool(schedule.ops)
+    overheads = base.overheads
+    if traced:
+        overheads = replace(overheads, handoff_s=_fit_handoff_s(schedule, run.op_times_s))
+    # The relative durations are taken against the model with the per-op cost in, which
+    # depends on them in turn: two rounds settle it (the second moves op_s by < 1%).
+    for _ in range(2 if traced else 1):
+        overheads = replace(overheads, op_s=_fit_op_s(schedule, overheads, measured_s))
+        if traced:
+            with_op = retime(schedule, replace(base, overheads=replace(overheads, jitter_cv=0.0)))
+            concurrency, jitter_cv = _fit_concurrency_and_jitter(with_op, run.op_times_s)
+            overheads = replace(overheads, concurrency_slowdown=concurrency, jitter_cv=jitter_cv)
+    return replace(overheads, op_s=_fit_op_s(schedule, overheads, measured_s))
 
-    def makespan(overhead_s: float) -> float:
-        topology = calibrated_topology(fits, op_overhead_s=overhead_s)
-        return simulate_chunks(
-            topology,
-            schedule.message_bytes,
-            schedule.chunks,
-            policy="fixed",
-            sequences=schedule.sequences,
-        ).makespan_s
 
-    low, high = 0.0, measured_s
-    if makespan(low) >= measured_s:
+def _fit_op_s(schedule: Schedule, overheads: Overheads, measured_s: float) -> float:
+    """The per-op cost whose predicted median equals ``measured_s`` (the rest fixed); 0 if none."""
+
+    def predicted(op_s: float) -> float:
+        topology = replace(schedule.topology, overheads=replace(overheads, op_s=op_s))
+        return predicted_s(retime(schedule, topology))
+
+    if predicted(0.0) >= measured_s:
         return 0.0
-    for _ in range(40):
+    low, high = 0.0, measured_s
+    for _ in range(30):
         middle = (low + high) / 2
-        if makespan(middle) < measured_s:
+        if predicted(middle) < measured_s:
             low = middle
         else:
             high = middle
     return (low + high) / 2
 
 
+def retime(schedule: Schedule, topology: Topology) -> Schedule:
+    """``schedule``'s chunks and sequences timed on ``topology`` (its linear terms)."""
+    return simulate_chunks(
+        topology,
+        schedule.message_bytes,
+        schedule.chunks,
+        policy="fixed",
+        sequences=schedule.sequences,
+        planner=schedule.planner,
+        collective=schedule.collective,
+    )
+
+
+def _fit_handoff_s(schedule: Schedule, op_times_s: Sequence[tuple[float, float]]) -> float:
+    previous_on_dim: dict[int, int] = {}
+    for sequence in schedule.sequences:
+        for before, after in itertools.pairwise(sequence):
+            previous_on_dim[after] = before
+    waits = []
+    for op in schedule.ops:
+        if op.step == 0:
+            continue
+        chain_before = op.index - 1
+        if schedule.ops[chain_before].dims == op.dims:
+            continue
+        ready_s = op_times_s[chain_before][1]
+        dim_before = previous_on_dim.get(op.index)
+        if dim_before is not None and op_times_s[dim_before][1] > ready_s:
+            continue  # it waited for its dimension, not for the hand-off
+        waits.append(max(0.0, op_times_s[op.index][0] - ready_s))
+    return statistics.median(waits) if len(waits) >= MIN_TRACE_SAMPLES else 0.0
+
+
+def _fit_concurrency_and_jitter(
+    schedule: Schedule, op_times_s: Sequence[tuple[float, float]]
+) -> tuple[float, float]:
+    """``(concurrency_slowdown, jitter_cv)`` from rank 0's traced op durations.
+
+    Each op's excess over the model (``schedule``'s topology: the lines, the per-op cost
+    and the reduction) is regressed on its wire time times the number of other dims busy
+    at its start: the slope is the slowdown per busy dim (the per-dimension lines were
+    measured alone, so they are the idle reference), the intercept absorbs what the
+    per-op cost got wrong. The jitter is the robust spread of what is left, relative to
+    the op's modelled duration.
+    """
+    topology = schedule.topology
+    excess, load, model = [], [], []
+    for op in schedule.ops:
+        start_s, end_s = op_times_s[op.index]
+        others = sum(
+            1
+            for k in range(topology.num_dims)
+            if k not in op.dims
+            and any(op_times_s[i][0] <= start_s < op_times_s[i][1] for i in schedule.sequences[k])
+        )
+        modelled_s = op_time_s(topology, op.dims, op.full_bytes, op.phase)
+        wire_s = op_time_s(topology, op.dims, op.full_bytes) - op_time_s(topology, op.dims, 0.0)
+        excess.append(end_s - start_s - modelled_s)
+        load.append(wire_s * others)
+        model.append(modelled_s)
+    if len(excess) < MIN_TRACE_SAMPLES:
+        return 0.0, 0.0
+    concurrency = 0.0
+    if sum(1 for x in load if x > 0) >= MIN_TRACE_SAMPLES:
+        try:
+            _, slope = _ols(load, excess)
+        except TestbedError:
+            slope = 0.0  # every op ran with the same load: the slowdown cannot be told apart
+        concurrency = max(0.0, slope)
+    relative = [
+        (m + e) / (m + concurrency * x)
+        for m, e, x in zip(model, excess, load, strict=True)
+        if m + concurrency * x > 0
+    ]
+    center = statistics.median(relative)
+    spread = statistics.median(abs(r - center) for r in relative)
+    return concurrency, MAD_TO_SIGMA * spread / center
+
+
+def _ols(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    """Plain least squares ``y = intercept + slope x``; raises when ``x`` does not vary."""
+    mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mean_x) ** 2 for x in xs)
+    if sxx <= 0:
+        raise TestbedError("no spread in x")
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / sxx
+    return mean_y - slope * mean_x, slope
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Calibration:
-    """Per-dimension lines plus the per-op overhead measured inside a pipelined run."""
+    """Per-dimension lines plus the overheads measured inside a pipelined run."""
 
     fits: tuple[DimFit, ...]
-    op_overhead_s: float = 0.0
+    overheads: Overheads = field(default_factory=Overheads)
     overhead_message_bytes: int = 0
     overhead_times_s: tuple[float, ...] = ()
 
+    @property
+    def op_overhead_s(self) -> float:
+        return self.overheads.op_s
+
     def topology(self, name: str = "calibrated") -> Topology:
-        return calibrated_topology(self.fits, name=name, op_overhead_s=self.op_overhead_s)
+        return calibrated_topology(self.fits, name=name, overheads=self.overheads)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "dims": fits_to_dict(self.fits),
-            "op_overhead_s": self.op_overhead_s,
+            "overheads": self.overheads.to_dict(),
             "overhead_schedule": f"{OVERHEAD_PLANNER} K={OVERHEAD_NUM_CHUNKS}",
             "overhead_message_bytes": self.overhead_message_bytes,
             "overhead_times_s": list(self.overhead_times_s),
@@ -240,26 +373,21 @@ class Calibration:
 
 
 def calibration_from_samples(
-    sizes: Sequence[int],
-    samples: Sequence[Sample],
-    *,
-    overhead: Schedule | None = None,
-    overhead_times_s: Sequence[float] = (),
+    sizes: Sequence[int], samples: Sequence[Sample], *, overhead: OverheadRun | None = None
 ) -> Calibration:
-    """Fit the samples, and the per-op overhead if ``overhead`` was run (``overhead_times_s``).
+    """Fit the samples, and the overheads if the overhead schedule was run.
 
-    ``overhead`` is the schedule the ranks ran (:func:`overhead_schedule` of these
+    ``overhead.schedule`` is the schedule the ranks ran (:func:`overhead_schedule` of these
     samples' fits): passed in rather than re-planned, so the fit replays exactly what ran.
     """
     fits = fit_all(sizes, samples)
-    if overhead is None or not overhead_times_s:
+    if overhead is None or not overhead.times_s:
         return Calibration(fits=tuple(fits))
-    op_overhead_s = fit_op_overhead_s(fits, overhead, statistics.median(overhead_times_s))
     return Calibration(
         fits=tuple(fits),
-        op_overhead_s=op_overhead_s,
-        overhead_message_bytes=overhead.message_bytes,
-        overhead_times_s=tuple(overhead_times_s),
+        overheads=fit_overheads(fits, overhead),
+        overhead_message_bytes=overhead.schedule.message_bytes,
+        overhead_times_s=tuple(overhead.times_s),
     )
 
 

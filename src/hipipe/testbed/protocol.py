@@ -170,10 +170,15 @@ class CalibrationSamples:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class OverheadTimes:
-    """The overhead schedule's timed repeats."""
+    """The overhead schedule's timed repeats, one traced run on rank 0, the memory bandwidth."""
 
     message_bytes: int
     times_s: tuple[float, ...]
+    op_times_s: tuple[tuple[float, float], ...] = ()
+    """``(start_s, end_s)`` of each op on rank 0 in one more (traced) run: the per-op
+    hand-off, concurrency and jitter are fitted from it (:mod:`hipipe.testbed.fit`)."""
+    memory_bytes_per_s: float = 0.0
+    """Rank 0's memory bandwidth for the local reduction (0: not measured)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -293,7 +298,10 @@ def event_from_line(line: str) -> Event | None:
         return CalibrationSamples(samples=tuple(Sample(**s) for s in data["samples"]))
     if tag == "overhead":
         return OverheadTimes(
-            message_bytes=int(data["message_bytes"]), times_s=tuple(float(t) for t in data["times_s"])
+            message_bytes=int(data["message_bytes"]),
+            times_s=tuple(float(t) for t in data["times_s"]),
+            op_times_s=tuple((float(a), float(b)) for a, b in data.get("op_times_s", ())),
+            memory_bytes_per_s=float(data.get("memory_bytes_per_s", 0.0)),
         )
     if tag == "done":
         return JobDone()

@@ -43,7 +43,7 @@ class BenchConfig:
     calibration_repeats: int = 3
     calibration_concurrent_s: float = CONCURRENT_WINDOW_S
     calibrate_overhead: bool = True
-    """Also measure the per-op overhead inside a pipelined run (:func:`fit_op_overhead_s`)."""
+    """Also measure the per-op overhead inside a pipelined run (:func:`fit_overheads`)."""
     """Window of the concurrent calibration pass (every dimension busy); 0: isolated only."""
     rate_check_s: float = 1.0
     """Seconds of rate check per dimension before the runs; 0 skips it."""

@@ -49,7 +49,11 @@ def emit(event: Event) -> None:
 
 def _calibrate(task: CalibrateTask, job: Job, rank: int, groups: Any, store: Any) -> None:
     from hipipe.schedule import Schedule
-    from hipipe.testbed.calibrate import measure_in_process, measure_overhead_in_process
+    from hipipe.testbed.calibrate import (
+        measure_in_process,
+        measure_memory_bytes_per_s,
+        measure_overhead_in_process,
+    )
 
     samples = measure_in_process(
         job.sizes,
@@ -65,9 +69,18 @@ def _calibrate(task: CalibrateTask, job: Job, rank: int, groups: Any, store: Any
         return
     # The parent fits the samples and plans the schedule once; every rank waits for it here.
     schedule = Schedule.from_json(store.get(OVERHEAD_SCHEDULE_KEY).decode())
-    times = measure_overhead_in_process(schedule, groups, repeats=task.repeats, timeout_s=job.timeout_s)
+    times, op_times = measure_overhead_in_process(
+        schedule, groups, repeats=task.repeats, timeout_s=job.timeout_s
+    )
     if rank == 0:
-        emit(OverheadTimes(message_bytes=schedule.message_bytes, times_s=tuple(times)))
+        emit(
+            OverheadTimes(
+                message_bytes=schedule.message_bytes,
+                times_s=tuple(times),
+                op_times_s=op_times,
+                memory_bytes_per_s=measure_memory_bytes_per_s(),
+            )
+        )
 
 
 def _measure(task: ScheduleTask | TorchTask, job: Job, rank: int, groups: Any) -> None:

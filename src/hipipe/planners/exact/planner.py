@@ -69,6 +69,12 @@ def plan_exact(
         )
     if not (math.isfinite(time_limit_s) and time_limit_s > 0):
         raise HipipeError(f"the time limit must be a positive number of seconds, got {time_limit_s!r}")
+    overheads = topology.overheads
+    if overheads.handoff_s or overheads.memory_bytes_per_s or not overheads.is_linear:
+        raise HipipeError(
+            "the exact planner models latency, bandwidth and a per-op cost only; this topology also"
+            f" has calibrated overheads ({overheads.describe()})"
+        )
     started = time.perf_counter()
     seed_schedules = _seed_schedules(topology, message_bytes, num_chunks, collective, seeds)
     best_seed = min(seed_schedules, key=lambda s: s.makespan_s)

@@ -5,6 +5,7 @@ to the simulator with the ``fixed`` policy: the simulator, not the LP, is the so
 the reported makespan, and the two must agree (else the LP was wrong: we raise).
 """
 
+import math
 from collections import defaultdict
 from dataclasses import replace
 from typing import Any
@@ -22,6 +23,7 @@ from hipipe.planners.hipipe.candidates import (
 )
 from hipipe.planners.hipipe.search import search
 from hipipe.planners.hipipe.structure import to_chunks
+from hipipe.predict import predicted_s
 from hipipe.schedule import Collective, Schedule
 from hipipe.simulator import Policy, simulate_chunks
 from hipipe.topology import Topology
@@ -33,7 +35,62 @@ ABLATION_NUM_CHUNKS = 64
 """``hipipe-k64`` fixes K to the baselines' usual split count."""
 
 
+RETIMED_CHUNK_COUNTS = 4
+"""With non-linear overheads: how many of the search's best chunk counts are planned and
+re-timed under the full cost model (:mod:`hipipe.predict`)."""
+
+
 def _plan(
+    topology: Topology,
+    message_bytes: int,
+    *,
+    planner: str,
+    options: SearchOptions,
+    num_chunks: int | None,
+    collective: Collective,
+) -> Schedule:
+    """:func:`_plan_linear`, then, on a topology with non-linear overheads (concurrency,
+    jitter), the choice of K by the full cost model.
+
+    The LP charges the linear terms exactly but cannot see what grows with the number of
+    ops in flight, and K is the decision that trades latency against exactly that. So
+    the best few chunk counts of the search are each planned and replayed
+    (:func:`hipipe.predict.predict`), and the one predicted fastest is kept.
+    """
+    best = _plan_linear(
+        topology,
+        message_bytes,
+        planner=planner,
+        options=options,
+        num_chunks=num_chunks,
+        collective=collective,
+    )
+    if topology.overheads.is_linear or num_chunks is not None or not options.lp_sizes:
+        return best
+    by_k: dict[int, float] = {}
+    for trial in best.info.get("candidates", []):
+        k, makespan = trial.get("kept_chunks") or trial.get("num_chunks"), trial.get("makespan_s")
+        if k and makespan is not None:
+            by_k[k] = min(makespan, by_k.get(k, math.inf))
+    others = [k for k in sorted(by_k, key=by_k.__getitem__) if k != best.num_chunks][
+        : RETIMED_CHUNK_COUNTS - 1
+    ]
+    candidates = [best] + [
+        _plan_linear(
+            topology, message_bytes, planner=planner, options=options, num_chunks=k, collective=collective
+        )
+        for k in others
+    ]
+    predicted = [predicted_s(schedule) for schedule in candidates]
+    chosen = min(range(len(candidates)), key=lambda i: (predicted[i], candidates[i].makespan_s))
+    retimed = [
+        {"num_chunks": c.num_chunks, "lp_makespan_s": c.makespan_s, "predicted_s": p}
+        for c, p in zip(candidates, predicted, strict=True)
+    ]
+    return replace(candidates[chosen], info={**candidates[chosen].info, "retimed": retimed})
+
+
+def _plan_linear(
     topology: Topology,
     message_bytes: int,
     *,

@@ -5,6 +5,7 @@ sizes ``s_j`` and the op start times ``t_o``::
 
     min T
     t_q - t_p - b_p s_j(p) >= a_p     for p -> q consecutive in a chain or on a dim
+                                      (+ the calibrated hand-off h when a chain changes dim)
     T   - t_p - b_p s_j(p) >= a_p     for p the last op of a chunk
     sum_j s_j = M,  s, t >= 0
 
@@ -111,7 +112,11 @@ class SizingModel:
         ops = np.arange(table.num_ops)
         not_last = ops[(ops + 1) % chain_length != 0]
         last = ops[(ops + 1) % chain_length == 0]
-        self._add_precedences(not_last, not_last + 1)
+        # A chunk moving to another dim waits for the calibrated hand-off (0 in alpha-beta).
+        handoff = np.where(
+            table.dim[not_last] != table.dim[not_last + 1], topology.overheads.handoff_s / time_unit_s, 0.0
+        )
+        self._add_precedences(not_last, not_last + 1, extra=handoff)
         self._add_precedences(last, np.full(len(last), -1))
         sum_row_index = np.arange(self.num_chunks, dtype=np.int32)
         self._solver.addRows(
@@ -126,8 +131,10 @@ class SizingModel:
         self._num_fixed_rows = len(not_last) + len(last) + 1
         self._sequence_pairs: list[tuple[int, int]] = []
 
-    def _add_precedences(self, before: np.ndarray, after: np.ndarray) -> None:
-        """Rows ``t_after - t_before - beta s_chunk >= alpha``; ``after == -1`` means T."""
+    def _add_precedences(
+        self, before: np.ndarray, after: np.ndarray, *, extra: np.ndarray | None = None
+    ) -> None:
+        """Rows ``t_after - t_before - beta s_chunk >= alpha (+ extra)``; ``after == -1`` means T."""
         count = len(before)
         if not count:
             return
@@ -137,7 +144,7 @@ class SizingModel:
         starts = np.arange(0, 3 * count, 3, dtype=np.int32)
         self._solver.addRows(
             count,
-            self._alpha[before],
+            self._alpha[before] if extra is None else self._alpha[before] + extra,
             np.full(count, np.inf),
             3 * count,
             starts,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hipipe.cost import op_time_coefficients
-from hipipe.schedule import Chunk, Collective, chain_length
+from hipipe.schedule import Chunk, Collective, Phase, chain_length
 from hipipe.topology import Topology
 
 Order = tuple[int, ...]
@@ -80,18 +80,27 @@ def chain_levels(collective: Collective, num_dims: int) -> list[tuple[int, bool]
 def op_table(topology: Topology, orders: tuple[Order, ...], collective: Collective) -> OpTable:
     """Coefficients of every op, from :func:`hipipe.cost.op_time_coefficients` (the one formula)."""
     num_dims = topology.num_dims
-    coefficients = [op_time_coefficients(topology, (k,)) for k in range(num_dims)]
+    # (constant, per byte) per (dim, is_gather): a ReduceScatter may also pay its reduction.
+    coefficients = {
+        (k, gather): op_time_coefficients(topology, (k,), Phase.AG if gather else Phase.RS)
+        for k in range(num_dims)
+        for gather in (False, True)
+    }
     steps = chain_levels(collective, num_dims)
     dims: list[int] = []
-    shrink: list[float] = []
+    constants: list[float] = []
+    per_bytes: list[float] = []
     for order in orders:
         # The wide side of the op at a level is the chunk divided by the dims before it.
         divisors = [math.prod(topology.dims[k].size for k in order[:level]) for level in range(num_dims)]
-        dims.extend(order[level] for level, _ in steps)
-        shrink.extend(1.0 / divisors[level] for level, _ in steps)
+        for level, gather in steps:
+            constant_s, per_byte_s = coefficients[order[level], gather]
+            dims.append(order[level])
+            constants.append(constant_s)
+            per_bytes.append(per_byte_s / divisors[level])
     dim = np.array(dims, dtype=np.int64)
-    constant = np.array([c for c, _ in coefficients])[dim] if dims else np.zeros(0)
-    per_byte = np.array([b for _, b in coefficients])[dim] * np.array(shrink) if dims else np.zeros(0)
+    constant = np.array(constants) if dims else np.zeros(0)
+    per_byte = np.array(per_bytes) if dims else np.zeros(0)
     return OpTable(
         num_dims=num_dims,
         chain_length=len(steps),

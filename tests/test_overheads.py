@@ -1,0 +1,98 @@
+"""Calibrated overheads: every consumer charges the same terms (docs/MODEL.md section 10)."""
+
+import random
+from dataclasses import replace
+
+import pytest
+
+from hipipe.checker import check
+from hipipe.cost import op_time_s
+from hipipe.errors import HipipeError, TopologyError
+from hipipe.overheads import Overheads
+from hipipe.planners import plan
+from hipipe.predict import predict, replay_op_times_s
+from hipipe.presets import PRESETS
+from hipipe.schedule import Collective, Phase, Schedule
+from hipipe.topology_io import topology_from_dict, topology_to_dict
+
+MIB = 1 << 20
+LINEAR = Overheads(op_s=2e-6, handoff_s=3e-6, memory_bytes_per_s=40e9)
+
+
+def _tpu(overheads: Overheads) -> object:
+    return replace(PRESETS["tpu-2d"](), overheads=overheads)
+
+
+def test_overheads_are_validated_and_round_trip() -> None:
+    with pytest.raises(TopologyError, match="op_s must be finite and >= 0"):
+        Overheads(op_s=-1.0)
+    with pytest.raises(TopologyError, match="unknown overheads bogus"):
+        Overheads.from_dict({"bogus": 1})
+    topology = _tpu(LINEAR)
+    data = topology_to_dict(topology)
+    assert data["overheads"]["handoff_s"] == 3e-6
+    assert topology_from_dict(data) == topology
+    assert "overheads" not in topology_to_dict(PRESETS["tpu-2d"]())  # plain files stay plain
+
+
+def test_reduce_scatter_pays_its_local_reduction_and_every_op_its_fixed_cost() -> None:
+    plain, calibrated = PRESETS["tpu-2d"](), _tpu(LINEAR)
+    n, size = plain.dims[0].size, 8 * MIB
+    reduction_s = 3 * (n - 1) / n * size / 40e9
+    rs_extra = op_time_s(calibrated, (0,), size, Phase.RS) - op_time_s(plain, (0,), size, Phase.RS)
+    ag_extra = op_time_s(calibrated, (0,), size, Phase.AG) - op_time_s(plain, (0,), size, Phase.AG)
+    assert rs_extra == pytest.approx(2e-6 + reduction_s, rel=1e-12)
+    assert ag_extra == pytest.approx(2e-6, rel=1e-12)
+
+
+@pytest.mark.parametrize("collective", list(Collective))
+@pytest.mark.parametrize("planner", ["hipipe", "themis", "pipelined", "hierarchical"])
+def test_linear_overheads_plan_check_and_cost_time(planner: str, collective: Collective) -> None:
+    plain = plan(PRESETS["tpu-2d"](), 64 * MIB, planner, collective=collective)
+    schedule = plan(_tpu(LINEAR), 64 * MIB, planner, collective=collective)  # hipipe: LP == simulator
+    assert check(schedule).ok
+    assert schedule.makespan_s > plain.makespan_s
+    for op in schedule.chunk_ops(0)[1:]:
+        before = schedule.ops[op.index - 1]
+        if op.dims != before.dims:
+            assert op.start_s >= before.end_s + 3e-6 * (1 - 1e-9)
+    assert predict(schedule).median_s == schedule.makespan_s  # linear: nothing to sample
+
+
+def test_checker_rejects_a_skipped_handoff() -> None:
+    schedule = plan(PRESETS["tpu-2d"](), 64 * MIB, "hierarchical")
+    with_handoff = replace(schedule, topology=_tpu(Overheads(handoff_s=1e-3)))
+    result = check(with_handoff)
+    assert not result.ok
+    assert any("hand-off" in problem for problem in result.problems)
+
+
+def test_prediction_matches_the_simulator_without_non_linear_terms_and_grows_with_them() -> None:
+    schedule = plan(_tpu(LINEAR), 64 * MIB, "themis")
+    tiny = replace(schedule, topology=_tpu(replace(LINEAR, concurrency_slowdown=1e-12)))
+    assert predict(tiny).median_s == pytest.approx(schedule.makespan_s, rel=1e-9)
+    slowed = replace(schedule, topology=_tpu(replace(LINEAR, concurrency_slowdown=0.2)))
+    assert predict(slowed).median_s > schedule.makespan_s * 1.02
+    noisy: Schedule = replace(schedule, topology=_tpu(replace(LINEAR, jitter_cv=0.3)))
+    first, second = predict(noisy, seed=1), predict(noisy, seed=1)
+    assert first == second  # seeded: the same prediction every time
+    assert first.low_s < first.median_s < first.high_s
+    starts, ends = replay_op_times_s(noisy, random.Random(0))
+    assert all(e > s for s, e in zip(starts, ends, strict=True))
+
+
+def test_hipipe_picks_the_chunk_count_the_full_model_predicts_fastest() -> None:
+    topology = _tpu(replace(LINEAR, op_s=2e-5, concurrency_slowdown=0.3, jitter_cv=0.2))
+    schedule = plan(topology, 64 * MIB, "hipipe")
+    retimed = schedule.info["retimed"]
+    assert len(retimed) >= 2
+    best = min(r["predicted_s"] for r in retimed)
+    assert predict(schedule).median_s == pytest.approx(best, rel=1e-12)
+    assert schedule.num_chunks == min(retimed, key=lambda r: r["predicted_s"])["num_chunks"]
+    assert check(schedule).ok
+
+
+def test_exact_refuses_terms_it_does_not_model() -> None:
+    with pytest.raises(HipipeError, match="exact planner models latency, bandwidth and a per-op cost only"):
+        plan(_tpu(Overheads(handoff_s=1e-6)), 16 * MIB, "exact", num_chunks=2)
+    assert check(plan(_tpu(Overheads(op_s=1e-6)), 16 * MIB, "exact", num_chunks=2)).ok
