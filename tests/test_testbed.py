@@ -263,7 +263,7 @@ def test_linear_overheads_are_recovered_from_a_traced_pipelined_run() -> None:
     assert fitted.handoff_s == pytest.approx(0.0005, rel=1e-6)
     assert fitted.memory_bytes_per_s == 2e9
     assert fitted.concurrency_slowdown == pytest.approx(0.0, abs=1e-6)
-    assert fitted.jitter_cv == pytest.approx(0.0, abs=1e-6)
+    assert fitted.jitter_s == pytest.approx(0.0, abs=1e-9)
     # Not slower than the alpha-beta lines: nothing to add.
     untraced = OverheadRun(schedule=run.schedule, times_s=(run.schedule.makespan_s * 0.9,))
     assert fit_overheads(fits, untraced) == Overheads()
@@ -389,3 +389,15 @@ def test_testbed_rates_and_one_small_benchmark(tmp_path: Path) -> None:
         netns.down(prefix, state_dir=state_dir)
         assert netns.existing_netns(prefix) == []
     assert not list(state_dir.glob("*.json"))
+
+
+def test_jitter_is_recovered_from_the_spread_of_traced_ops() -> None:
+    fits = _two_dim_fits()
+    truth = Overheads(op_s=0.002, jitter_s=0.004)
+    schedule = overhead_schedule(fits, 4 << 20)
+    on_truth = retime(schedule, calibrated_topology(fits, overheads=truth))
+    starts, ends = replay_op_times_s(on_truth, random.Random(7))
+    run = OverheadRun(schedule=schedule, times_s=(max(ends),), op_times_s=tuple(zip(starts, ends, strict=True)))
+    fitted = fit_overheads(fits, run)
+    assert fitted.jitter_s == pytest.approx(0.004, rel=0.25)
+    assert fitted.concurrency_slowdown < 0.05

@@ -13,6 +13,7 @@ from hipipe.bounds import best_bound_s, order_mix_bound_s, pipeline_bound_s
 from hipipe.cost import lower_bound_s
 from hipipe.planners import get_planner, validate_request
 from hipipe.planners import plan as run_planner
+from hipipe.predict import predict
 from hipipe.schedule import Collective
 from hipipe.topology import Topology
 from hipipe.topology_io import topology_to_dict
@@ -37,6 +38,10 @@ class PlannerResult:
     num_chunks: int
     plan_time_s: float
     collective: Collective = Collective.ALL_REDUCE
+    predicted_s: float | None = None
+    """Median of :func:`hipipe.predict.predict` when the topology has non-linear overheads."""
+    predicted_low_high_s: tuple[float, float] | None = None
+    """Its 10th and 90th percentiles."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -92,6 +97,7 @@ def compare(
             started = time.perf_counter()
             schedule = run_planner(topology, bound.size_bytes, name, num_chunks=num_chunks, collective=kind)
             plan_time_s = time.perf_counter() - started
+            prediction = None if topology.overheads.is_linear else predict(schedule)
             results.append(
                 PlannerResult(
                     planner=name,
@@ -103,6 +109,10 @@ def compare(
                     num_chunks=schedule.num_chunks,
                     plan_time_s=plan_time_s,
                     collective=kind,
+                    predicted_s=None if prediction is None else prediction.median_s,
+                    predicted_low_high_s=None
+                    if prediction is None
+                    else (prediction.low_s, prediction.high_s),
                 )
             )
             if on_progress is not None:
@@ -138,6 +148,11 @@ def comparison_to_dict(comparison: Comparison) -> dict[str, Any]:
                 "num_chunks": r.num_chunks,
                 "plan_time_s": r.plan_time_s,
             }
+            | (
+                {}
+                if r.predicted_s is None or r.predicted_low_high_s is None
+                else {"predicted_s": r.predicted_s, "predicted_p10_p90_s": list(r.predicted_low_high_s)}
+            )
             for r in comparison.results
         ],
     }

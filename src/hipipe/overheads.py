@@ -18,13 +18,17 @@ calibrate`` can measure it and every consumer charges the same thing:
 - ``concurrency_slowdown``: the fraction by which an op's bandwidth term grows for
   each *other* dimension moving data on the rank when it starts (shared cores, NIC
   or memory). Not linear: :mod:`hipipe.predict` applies it.
-- ``jitter_cv``: the coefficient of variation of an op's duration. Many short ops in
-  a pipeline each wait for the slowest of their group, so variance costs time; not
+- ``jitter_s``: the mean of a random extra delay each op pays (exponential: a thread
+  woken late, a rank descheduled). Absolute, not relative to the op's length: on the
+  testbed a one-op schedule of 3.4 s varies by 0.4% between runs while ops of a few ms
+  inside a pipeline vary by tens of percent. A pipeline waits for the later of two ops
+  at every hand-over, so the delays cost more the more ops run in parallel paths; not
   linear either: :mod:`hipipe.predict` samples it.
 
 All default to zero: a topology without ``overheads`` is the plain alpha-beta model.
 """
 
+import contextlib
 import math
 from dataclasses import dataclass, fields
 from typing import Any
@@ -41,11 +45,14 @@ class Overheads:
     memory_bytes_per_s: float = 0.0
     """0: the local reduction is free (the plain alpha-beta model)."""
     concurrency_slowdown: float = 0.0
-    jitter_cv: float = 0.0
+    jitter_s: float = 0.0
 
     def __post_init__(self) -> None:
         for item in fields(self):
             value = getattr(self, item.name)
+            if isinstance(value, str):  # YAML 1.1 reads 5e9 as a string
+                with contextlib.suppress(ValueError):
+                    value = float(value)
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise TopologyError(f"overheads.{item.name} must be a number, got {value!r}")
             if not (math.isfinite(value) and value >= 0):
@@ -60,7 +67,7 @@ class Overheads:
     @property
     def is_linear(self) -> bool:
         """True when the LP and the deterministic simulator charge every term exactly."""
-        return self.concurrency_slowdown == 0 and self.jitter_cv == 0
+        return self.concurrency_slowdown == 0 and self.jitter_s == 0
 
     def reduction_s(self, group_npus: int, full_bytes: float) -> float:
         """Local reduction of one ReduceScatter over ``group_npus`` ranks on ``full_bytes``."""
@@ -102,6 +109,6 @@ class Overheads:
             parts.append(f"reduction at {self.memory_bytes_per_s / 1e9:.3g} GB/s")
         if self.concurrency_slowdown:
             parts.append(f"+{100 * self.concurrency_slowdown:.3g}% per other busy dim")
-        if self.jitter_cv:
-            parts.append(f"jitter cv {self.jitter_cv:.3g}")
+        if self.jitter_s:
+            parts.append(f"{self.jitter_s * 1e3:.3g} ms mean jitter")
         return ", ".join(parts)

@@ -8,10 +8,9 @@ what separates many-chunk schedules from few-chunk ones on a real network
 
 - *concurrency*: an op's bandwidth term is stretched by ``concurrency_slowdown`` for
   each other dimension that is moving data on the rank when it starts;
-- *jitter*: each op's duration is multiplied by a log-normal factor of mean 1 and
-  coefficient of variation ``jitter_cv``; since a pipeline waits for the late op at
-  every hand-over, the expected makespan grows with the number of ops on the
-  critical paths.
+- *jitter*: each op pays an extra exponential delay of mean ``jitter_s``; since a
+  pipeline waits for the later op at every hand-over, the expected makespan grows with
+  the number of ops in parallel paths, not just with their sum.
 
 :func:`predict` replays the schedule's own per-dimension sequences (what the executor
 runs) event by event, ``samples`` times with a seeded generator, and reports the
@@ -67,7 +66,7 @@ def predict(schedule: Schedule, *, samples: int = DEFAULT_SAMPLES, seed: int = D
     rng = random.Random(seed)
     makespans = sorted(
         max(replay_op_times_s(schedule, rng)[1], default=0.0)
-        for _ in range(samples if overheads.jitter_cv else 1)
+        for _ in range(samples if overheads.jitter_s else 1)
     )
     return Prediction(
         median_s=statistics.median(makespans),
@@ -98,8 +97,6 @@ def replay_op_times_s(schedule: Schedule, rng: random.Random) -> tuple[list[floa
     topology = schedule.topology
     overheads = topology.overheads
     ops = schedule.ops
-    sigma = math.sqrt(math.log1p(overheads.jitter_cv**2))
-    mu = -sigma * sigma / 2  # mean factor 1
     # Per op: the part the concurrency stretches (bytes over the wire) and the rest.
     wire_s = [op_time_s(topology, op.dims, op.full_bytes) - op_time_s(topology, op.dims, 0.0) for op in ops]
     fixed_s = [op_time_s(topology, op.dims, op.full_bytes, op.phase) - wire_s[op.index] for op in ops]
@@ -136,8 +133,8 @@ def replay_op_times_s(schedule: Schedule, rng: random.Random) -> tuple[list[floa
         op = ops[index]
         others = sum(1 for k in range(topology.num_dims) if k not in op.dims and dim_busy_until[k] > start_s)
         duration_s = fixed_s[index] + wire_s[index] * (1 + overheads.concurrency_slowdown * others)
-        if sigma:
-            duration_s *= math.exp(rng.gauss(mu, sigma))
+        if overheads.jitter_s:
+            duration_s += rng.expovariate(1.0 / overheads.jitter_s)
         start_at_s[index] = start_s
         end_s[index] = start_s + duration_s
         done += 1

@@ -233,6 +233,12 @@ def _as_int(value: Any, what: str) -> int:
 
 
 def _as_float(value: Any, what: str) -> float:
+    if isinstance(value, str):
+        # PyYAML (YAML 1.1) reads 5.86e6 as a string (it wants 5.86e+6): accept plain numbers.
+        try:
+            value = float(value)
+        except ValueError:
+            raise TopologyError(f"{what} must be a number, got {value!r}") from None
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise TopologyError(f"{what} must be a number, got {value!r}")
     return float(value)

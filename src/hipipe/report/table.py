@@ -34,6 +34,9 @@ def comparison_tables(comparison: Comparison) -> list[Table]:
         )
         table.add_column("planner", no_wrap=True)
         table.add_column("time", justify="right")
+        predicted = any(r.predicted_s is not None for r in rows)
+        if predicted:
+            table.add_column("predicted (p10-p90)", justify="right")
         table.add_column("T*/T", justify="right")
         table.add_column("T_mix/T", justify="right")
         table.add_column("bound/T", justify="right")
@@ -42,9 +45,14 @@ def comparison_tables(comparison: Comparison) -> list[Table]:
         table.add_column("plan time", justify="right")
         for r in rows:
             best = r.time_s == fastest_s
-            table.add_row(
+            cells = [
                 f"[bold]{r.planner}[/bold]" if best else r.planner,
                 f"[bold]{format_time(r.time_s)}[/bold]" if best else format_time(r.time_s),
+            ]
+            if predicted:
+                cells.append(_predicted_cell(r.predicted_s, r.predicted_low_high_s))
+            table.add_row(
+                *cells,
                 f"[{_utilization_style(r.utilization)}]{r.utilization:.1%}[/]",
                 f"{r.mix_utilization:.1%}",
                 f"{r.best_bound_utilization:.1%}",
@@ -54,6 +62,12 @@ def comparison_tables(comparison: Comparison) -> list[Table]:
             )
         tables.append(table)
     return tables
+
+
+def _predicted_cell(median_s: float | None, low_high_s: tuple[float, float] | None) -> str:
+    if median_s is None or low_high_s is None:
+        return "-"
+    return f"{format_time(median_s)} ({format_time(low_high_s[0])}-{format_time(low_high_s[1])})"
 
 
 def print_comparison(comparison: Comparison, console: Console) -> None:

@@ -185,9 +185,11 @@ OVERHEAD_NUM_CHUNKS = 32
 MIN_TRACE_SAMPLES = 5
 """Fewest ops behind a fitted hand-off or concurrency term; fewer: the term stays 0."""
 
-MAD_TO_SIGMA = 1.4826
-"""Median absolute deviation to standard deviation, for normal noise: robust to the rare
-op a descheduled rank stretches tenfold, which would dominate a plain variance."""
+BISECTION_STEPS = 20
+"""Halvings of [0, measured] when fitting the per-op cost: within 1e-6 of the measured time."""
+
+EXPONENTIAL_MAD = 0.4813
+"""Median absolute deviation of an exponential of mean 1 (solves e^-(ln2 - d) - e^-(ln2 + d) = 1/2)."""
 
 
 def overhead_schedule(fits: Sequence[DimFit], message_bytes: int) -> Schedule:
@@ -216,7 +218,8 @@ def fit_overheads(fits: Sequence[DimFit], run: OverheadRun) -> Overheads:
       chunk's previous op (on another dimension) ended;
     - concurrency: how much longer, relative to the alpha-beta line, ops run when other
       dimensions are busy at their start than when none is, per other busy dimension;
-    - jitter: the robust spread (MAD) of those relative durations;
+    - jitter: the mean of an exponential fitted (by its median absolute deviation) to
+      what is left of those excesses;
     - per-op cost: last, by bisection, so that the predicted median (:mod:`hipipe.predict`,
       with all the above) equals the measured median. 0 if the run was not slower.
     """
@@ -232,9 +235,9 @@ def fit_overheads(fits: Sequence[DimFit], run: OverheadRun) -> Overheads:
     for _ in range(2 if traced else 1):
         overheads = replace(overheads, op_s=_fit_op_s(schedule, overheads, measured_s))
         if traced:
-            with_op = retime(schedule, replace(base, overheads=replace(overheads, jitter_cv=0.0)))
-            concurrency, jitter_cv = _fit_concurrency_and_jitter(with_op, run.op_times_s)
-            overheads = replace(overheads, concurrency_slowdown=concurrency, jitter_cv=jitter_cv)
+            with_op = retime(schedule, replace(base, overheads=replace(overheads, jitter_s=0.0)))
+            concurrency, jitter_s = _fit_concurrency_and_jitter(with_op, run.op_times_s)
+            overheads = replace(overheads, concurrency_slowdown=concurrency, jitter_s=jitter_s)
     return replace(overheads, op_s=_fit_op_s(schedule, overheads, measured_s))
 
 
@@ -248,7 +251,7 @@ def _fit_op_s(schedule: Schedule, overheads: Overheads, measured_s: float) -> fl
     if predicted(0.0) >= measured_s:
         return 0.0
     low, high = 0.0, measured_s
-    for _ in range(30):
+    for _ in range(BISECTION_STEPS):
         middle = (low + high) / 2
         if predicted(middle) < measured_s:
             low = middle
@@ -293,14 +296,15 @@ def _fit_handoff_s(schedule: Schedule, op_times_s: Sequence[tuple[float, float]]
 def _fit_concurrency_and_jitter(
     schedule: Schedule, op_times_s: Sequence[tuple[float, float]]
 ) -> tuple[float, float]:
-    """``(concurrency_slowdown, jitter_cv)`` from rank 0's traced op durations.
+    """``(concurrency_slowdown, jitter_s)`` from rank 0's traced op durations.
 
     Each op's excess over the model (``schedule``'s topology: the lines, the per-op cost
     and the reduction) is regressed on its wire time times the number of other dims busy
     at its start: the slope is the slowdown per busy dim (the per-dimension lines were
     measured alone, so they are the idle reference), the intercept absorbs what the
-    per-op cost got wrong. The jitter is the robust spread of what is left, relative to
-    the op's modelled duration.
+    per-op cost got wrong. The jitter is the mean of the exponential whose median absolute
+    deviation is that of what is left (an exponential of mean m has MAD 0.4813 m): robust
+    to the rare op a descheduled rank stretches tenfold.
     """
     topology = schedule.topology
     excess, load, model = [], [], []
@@ -326,14 +330,9 @@ def _fit_concurrency_and_jitter(
         except TestbedError:
             slope = 0.0  # every op ran with the same load: the slowdown cannot be told apart
         concurrency = max(0.0, slope)
-    relative = [
-        (m + e) / (m + concurrency * x)
-        for m, e, x in zip(model, excess, load, strict=True)
-        if m + concurrency * x > 0
-    ]
-    center = statistics.median(relative)
-    spread = statistics.median(abs(r - center) for r in relative)
-    return concurrency, MAD_TO_SIGMA * spread / center
+    left = [e - concurrency * x for e, x in zip(excess, load, strict=True)]
+    center = statistics.median(left)
+    return concurrency, statistics.median(abs(e - center) for e in left) / EXPONENTIAL_MAD
 
 
 def _ols(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
