@@ -5,6 +5,7 @@ from rich.table import Table
 
 from hipipe.compare import Comparison
 from hipipe.cost import lower_bound_s
+from hipipe.predict import predict
 from hipipe.schedule import Schedule
 from hipipe.units import format_size, format_time
 
@@ -88,6 +89,13 @@ def schedule_summary(schedule: Schedule) -> Table:
     table.add_row("chunks", str(schedule.num_chunks))
     table.add_row("ops", str(len(schedule.ops)))
     table.add_row("time", format_time(schedule.makespan_s))
+    if not schedule.topology.overheads.is_linear:
+        prediction = predict(schedule)
+        table.add_row(
+            "predicted (p10-p90)",
+            _predicted_cell(prediction.median_s, (prediction.low_s, prediction.high_s))
+            + " with concurrency and jitter",
+        )
     table.add_row("lower bound T*", format_time(bound_s))
     table.add_row("utilization", f"{bound_s / schedule.makespan_s:.1%}")
     for k, dim in enumerate(schedule.topology.dims):

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from hipipe.errors import HipipeError
 from hipipe.planners import BASELINES, plan
+from hipipe.predict import predicted_s
 from hipipe.schedule import Collective, Schedule
 from hipipe.topology import Topology
 from hipipe.tuning.cache import Measurement, TunedEntry, TuningError, TuningKey
@@ -125,7 +126,7 @@ def tuned_entry(
             name=c.name,
             planner=c.schedule.planner,
             num_chunks=c.schedule.num_chunks,
-            predicted_s=c.schedule.makespan_s,
+            predicted_s=predicted_s(c.schedule),
             times_s=tuple(times_s[c.name]),
         )
         for c in candidates
