@@ -397,7 +397,9 @@ def test_jitter_is_recovered_from_the_spread_of_traced_ops() -> None:
     schedule = overhead_schedule(fits, 4 << 20)
     on_truth = retime(schedule, calibrated_topology(fits, overheads=truth))
     starts, ends = replay_op_times_s(on_truth, random.Random(7))
-    run = OverheadRun(schedule=schedule, times_s=(max(ends),), op_times_s=tuple(zip(starts, ends, strict=True)))
+    run = OverheadRun(
+        schedule=schedule, times_s=(max(ends),), op_times_s=tuple(zip(starts, ends, strict=True))
+    )
     fitted = fit_overheads(fits, run)
     assert fitted.jitter_s == pytest.approx(0.004, rel=0.25)
     assert fitted.concurrency_slowdown < 0.05

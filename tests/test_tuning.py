@@ -184,8 +184,9 @@ def test_candidates_are_hipipe_first_then_every_baseline() -> None:
     assert len(set(names)) == len(names)
     ks = best_chunk_counts(candidates[0].schedule, 10)
     assert ks and all(isinstance(k, int) for k in ks)
-    with pytest.raises(TuningError, match="not reduce_scatter"):
-        tuning_candidates(topology, MIB, collective=Collective.REDUCE_SCATTER)
+    scattered = tuning_candidates(topology, MIB, collective=Collective.REDUCE_SCATTER, best_few=2)
+    assert scattered[0].name == "hipipe"
+    assert {c.schedule.collective for c in scattered} == {Collective.REDUCE_SCATTER}
 
 
 def test_selection_takes_the_smallest_median_and_the_first_on_a_tie() -> None:
@@ -289,7 +290,8 @@ def test_hipipe_tune_on_a_tiny_testbed_keeps_the_measured_fastest(
 
 @pytest.mark.torch
 @pytest.mark.slow
-def test_hipipe_tune_under_torchrun_writes_the_measured_fastest(tmp_path: Path) -> None:
+@pytest.mark.parametrize("collective", ["all_reduce", "reduce_scatter"])
+def test_hipipe_tune_under_torchrun_writes_the_measured_fastest(tmp_path: Path, collective: str) -> None:
     pytest.importorskip("torch")
     bin_dir = str(Path(sys.executable).parent)
     torchrun, hipipe = shutil.which("torchrun", path=bin_dir), shutil.which("hipipe", path=bin_dir)
@@ -298,7 +300,7 @@ def test_hipipe_tune_under_torchrun_writes_the_measured_fastest(tmp_path: Path) 
     spec = "ring:2:1GB/s:1us,ring:2:1GB/s:1us"
     command = [torchrun, "--standalone", "--nproc-per-node", "4", "--no-python", hipipe, "tune", spec]
     command += ["--size", "64KiB", "--repeats", "2", "--best-few", "2", "--timeout", "30"]
-    command += ["--cache", "tuned.json", "-o", "kept.json"]
+    command += ["--cache", "tuned.json", "-o", "kept.json", "--collective", collective]
     env = {
         k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
     }
@@ -320,9 +322,12 @@ def test_hipipe_tune_under_torchrun_writes_the_measured_fastest(tmp_path: Path) 
     assert process.returncode == 0, err[-2000:]
     assert sum(line.startswith("kept ") for line in out.splitlines()) == 1, "only rank 0 reports"
     topology = load_topology(spec)
-    entry = read_cache(tmp_path / "tuned.json")[TuningKey.of(topology, "all_reduce", 64 * 1024, "float32")]
+    entry = read_cache(tmp_path / "tuned.json")[TuningKey.of(topology, collective, 64 * 1024, "float32")]
     names = [m.name for m in entry.measurements]
-    assert names == [c.name for c in tuning_candidates(topology, 64 * 1024, best_few=2)]
+    assert names == [
+        c.name for c in tuning_candidates(topology, 64 * 1024, collective=collective, best_few=2)
+    ]
+    assert entry.schedule.collective.value == collective
     assert entry.chosen == select_fastest(entry.measurements).name
     assert Schedule.from_json((tmp_path / "kept.json").read_text()) == entry.schedule
 

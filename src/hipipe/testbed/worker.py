@@ -84,36 +84,31 @@ def _calibrate(task: CalibrateTask, job: Job, rank: int, groups: Any, store: Any
 
 
 def _measure(task: ScheduleTask | TorchTask, job: Job, rank: int, groups: Any) -> None:
-    import torch
-    import torch.distributed as dist
-
-    from hipipe.schedule import Collective
     from hipipe.torch.bench import DTYPES
-    from hipipe.torch.timing import check_rank_sum, fill_for_check, timed_runs
+    from hipipe.torch.timing import timed_runs
+    from hipipe.torch.workload import Workload
 
-    if task.collective is not Collective.ALL_REDUCE:
-        raise ValueError(f"the testbed worker runs all_reduce only, not {task.collective.value}")
-    tensor = torch.empty(task.key.message_bytes // DTYPES[task.dtype].itemsize, dtype=DTYPES[task.dtype])
+    workload = Workload(task.collective, task.key.message_bytes, DTYPES[task.dtype])
     traces: list[Any] = []
     if isinstance(task, ScheduleTask):
-        from hipipe.torch.executor import HierarchicalAllReduce
+        from hipipe.torch.executor import HierarchicalCollective
 
-        executor = HierarchicalAllReduce(None, task.schedule, groups=groups, timeout_s=job.timeout_s)
+        executor = HierarchicalCollective(None, task.schedule, groups=groups, timeout_s=job.timeout_s)
+        call = workload.hipipe_run(executor, trace=task.trace)
 
-        def run() -> None:
-            traces[:] = [executor.run(tensor, trace=task.trace)]
+        def run() -> object:
+            traces[:] = [call()]
+            return None
 
     else:
-
-        def run() -> None:
-            dist.all_reduce(tensor)
+        run = workload.torch_run()
 
     last = task.warmup + task.repeats - 1
 
     def after(index: int, elapsed_s: float) -> None:
         warm = index < task.warmup
         if warm or index == last:
-            check_rank_sum(tensor)
+            workload.check()
         if rank == 0:
             emit(RunDone(key=task.key, index=index, warmup=warm, time_s=elapsed_s))
 
@@ -121,7 +116,7 @@ def _measure(task: ScheduleTask | TorchTask, job: Job, rank: int, groups: Any) -
         run,
         warmup=task.warmup,
         repeats=task.repeats,
-        before=lambda index: fill_for_check(tensor),
+        before=workload.fill,
         after=after,
     )
     if rank == 0:

@@ -66,22 +66,3 @@ def timed_runs(
         if index >= warmup:
             times.append(elapsed_s)
     return times
-
-
-def fill_for_check(tensor: torch.Tensor) -> None:
-    """Fill with ``rank + 1``: after a sum AllReduce every element is known (:func:`check_rank_sum`).
-
-    A timed run is only worth its number if its result is right; this check costs one
-    small all_reduce and needs no reference copy of the data.
-    """
-    tensor.fill_(float(dist.get_rank() + 1))
-
-
-def check_rank_sum(tensor: torch.Tensor) -> None:
-    """Raise (on every rank) unless every element equals ``N (N + 1) / 2`` (collective)."""
-    world = dist.get_world_size()
-    expected = world * (world + 1) / 2
-    flags = torch.tensor([int((tensor != expected).sum().item())], dtype=torch.int64)
-    dist.all_reduce(flags)
-    if int(flags.item()):
-        raise RuntimeError(f"wrong AllReduce result: {int(flags.item())} elements differ from {expected:g}")

@@ -19,11 +19,12 @@ from hipipe.errors import HipipeError
 from hipipe.schedule import Collective, schedule_from_dict, schedule_to_dict
 from hipipe.topology import Topology
 from hipipe.torch.bench import DTYPES
-from hipipe.torch.executor import HierarchicalAllReduce
+from hipipe.torch.executor import HierarchicalCollective
 from hipipe.torch.groups import dimension_groups
-from hipipe.torch.timing import check_rank_sum, fill_for_check, timed_runs
+from hipipe.torch.timing import timed_runs
+from hipipe.torch.workload import Workload
 from hipipe.tuning.cache import TunedEntry, TuningKey
-from hipipe.tuning.candidates import Candidate, check_measurable, tuned_entry, tuning_candidates
+from hipipe.tuning.candidates import Candidate, tuned_entry, tuning_candidates
 
 
 def _share_candidates(
@@ -44,24 +45,24 @@ def _share_candidates(
 def _measure(
     candidate: Candidate,
     groups: list[object],
-    tensor: torch.Tensor,
+    workload: Workload,
     warmup: int,
     repeats: int,
     timeout_s: float,
 ) -> list[float]:
     """One candidate's timed repeats; warm-ups and the last repeat are checked."""
-    executor = HierarchicalAllReduce(None, candidate.schedule, groups=groups, timeout_s=timeout_s)
+    executor = HierarchicalCollective(None, candidate.schedule, groups=groups, timeout_s=timeout_s)
     last = warmup + repeats - 1
 
     def after(index: int, elapsed_s: float) -> None:
         if index < warmup or index == last:
-            check_rank_sum(tensor)
+            workload.check()
 
     return timed_runs(
-        lambda: executor.run(tensor),
+        workload.hipipe_run(executor),
         warmup=warmup,
         repeats=repeats,
-        before=lambda index: fill_for_check(tensor),
+        before=workload.fill,
         after=after,
     )
 
@@ -78,7 +79,6 @@ def tune_in_process(
     timeout_s: float = 60.0,
 ) -> TunedEntry:
     """On every rank of an initialized world: measure the candidates; the same entry everywhere."""
-    check_measurable(collective)
     if dtype not in DTYPES:
         raise HipipeError(f"unknown dtype {dtype!r} (use {', '.join(DTYPES)})")
     if dist.get_world_size() != topology.num_npus:
@@ -91,10 +91,10 @@ def tune_in_process(
     torch.set_num_threads(1)
     candidates = _share_candidates(topology, message_bytes, collective, best_few)
     groups = dimension_groups(topology.sizes, timeout_s=timeout_s)
-    tensor = torch.empty(message_bytes // itemsize, dtype=DTYPES[dtype])
+    workload = Workload(collective, message_bytes, DTYPES[dtype])
     times: dict[str, list[float]] = {}
     for candidate in candidates:
-        times[candidate.name] = _measure(candidate, groups, tensor, warmup, repeats, timeout_s)
+        times[candidate.name] = _measure(candidate, groups, workload, warmup, repeats, timeout_s)
     key = TuningKey.of(topology, collective, message_bytes, dtype)
     return tuned_entry(
         key,

@@ -25,9 +25,6 @@ from hipipe.tuning.cache import Measurement, TunedEntry, TuningError, TuningKey
 DEFAULT_BEST_FEW = 3
 """hipipe plans per tuning: its own, and re-plans at the next-best K of its search."""
 
-MEASURABLE: tuple[Collective, ...] = (Collective.ALL_REDUCE,)
-"""Collectives the executor can run and verify today; extend when it runs RS and AG."""
-
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Candidate:
@@ -35,14 +32,6 @@ class Candidate:
 
     name: str
     schedule: Schedule
-
-
-def check_measurable(collective: Collective) -> None:
-    if collective not in MEASURABLE:
-        raise TuningError(
-            f"hipipe tune measures {', '.join(c.value for c in MEASURABLE)} only so far,"
-            f" not {collective.value} (the executor does not run it yet)"
-        )
 
 
 def best_chunk_counts(schedule: Schedule, best_few: int) -> list[int]:
@@ -71,7 +60,6 @@ def tuning_candidates(
     """hipipe's best few distinct plans (its own first), then every baseline."""
     if best_few < 1:
         raise TuningError("need at least one hipipe candidate (--best-few >= 1)")
-    check_measurable(collective)
     chosen = plan(topology, message_bytes, "hipipe", collective=collective)
     out = [Candidate(name="hipipe", schedule=chosen)]
     # A K whose plan equals one already kept (often the search's own best) is skipped;

@@ -25,7 +25,6 @@ from hipipe.tuning.cache import TunedEntry, TuningKey
 from hipipe.tuning.candidates import (
     DEFAULT_BEST_FEW,
     Candidate,
-    check_measurable,
     tuned_entry,
     tuning_candidates,
 )
@@ -56,7 +55,6 @@ class TuneConfig:
             raise TestbedError(f"unknown dtype {self.dtype!r} (use {', '.join(DTYPE_BYTES)})")
         if self.message_bytes <= 0 or self.message_bytes % DTYPE_BYTES[self.dtype]:
             raise TestbedError(f"{self.message_bytes} bytes is not a whole number of {self.dtype} elements")
-        check_measurable(self.collective)
 
     @property
     def topology(self) -> Topology:
