@@ -15,7 +15,7 @@ from typing import Any
 from rich.table import Table
 
 from hipipe.schedule import schedule_to_dict
-from hipipe.testbed.fidelity import CellFidelity, Goal, cell_fidelity, relative_spread, result_fidelity
+from hipipe.testbed.fidelity import CellFidelity, cell_fidelity, relative_spread, result_fidelity
 from hipipe.testbed.fit import Calibration
 from hipipe.testbed.layout import format_rate
 from hipipe.testbed.results import THEMIS, TORCH_NAME, BenchResult
@@ -223,9 +223,9 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
 )
 
 
-def goal_mark(goal: Goal) -> str:
-    """``met``, ``MISSED`` or ``n/a`` (not measured in this run)."""
-    return "n/a" if goal.met is None else ("met" if goal.met else "MISSED")
+def goal_mark(met: bool | None) -> str:
+    """``met``, ``MISSED`` or ``n/a`` (not measured in this run) for a goal's ``met``."""
+    return "n/a" if met is None else ("met" if met else "MISSED")
 
 
 def cell_lines(result: BenchResult, message_bytes: int) -> list[str]:
@@ -245,7 +245,7 @@ def cell_lines(result: BenchResult, message_bytes: int) -> list[str]:
     if entry is not None:
         measured = ", ".join(f"{m.name} {format_time(m.median_s)}" for m in entry.measurements)
         lines.append(f"tuning kept {entry.chosen} (medians: {measured}); measured again as hipipe-tuned")
-    lines += [f"{goal_mark(g)}: {g.name}: {g.value}" for g in cell.goals]
+    lines += [f"{goal_mark(g.met)}: {g.name}: {g.value}" for g in cell.goals]
     return lines
 
 
