@@ -22,9 +22,12 @@ their numbers (:mod:`hipipe.testbed.fidelity`):
 and, on the torch shape, hipipe >= 2x torch all_reduce at the larger size. It ends with
 one JSON line. ``--out DIR`` writes ``testbed-<machine>-<date>.md`` and ``.png``.
 
-Duration on 2 cores, 3 repeats: about 25 minutes (per shape ~40 s of calibration and
-~30 s of starting ranks, rate check and planning; the runs themselves about 16 minutes,
-the 1:8 4x2 shape a third of them). ``--quick`` (2 MiB only) takes about 8.
+Duration on a quiet 2-core host, 3 repeats: about 26 minutes. Per shape ~80 s of
+testbed set-up, rate check, calibration (~40 s), planning and starting the ranks for two
+jobs; then 4 rounds (warm-up + 3 repeats) of the tuning candidates and the rows, ~285 s
+per round over all shapes at 4 + 16 MiB (the 1:8 4x2 shape ~110 s of it), from the
+planners' times on a calibration-like topology, checked against a 2 MiB and a 4 MiB run.
+``--quick`` (2 MiB only) takes about 10 minutes, 9 with ``--repeats 1``.
 Before each shape it waits (bounded) for the host to be quiet, since 8 ranks on 2 cores
 are sensitive to other work; the CPU reading is reported either way.
 """

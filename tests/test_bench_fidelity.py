@@ -309,9 +309,11 @@ def test_cli_bench_json_and_tune_errors_are_one_line(
     assert main([*bench, "--tune", "--tuned", str(cache), "--json", "-"]) == 2
     assert main([*bench, "--json", str(tmp_path / "missing" / "out.json")]) == 2
     assert main([*bench, "--workload", "ddp", "--json", "-"]) == 2
+    assert main([*bench, "--best-few", "5", "--json", "-"]) == 2
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert len(lines) == 3 and all(line.startswith("hipipe: error:") for line in lines), lines
+    assert len(lines) == 4 and all(line.startswith("hipipe: error:") for line in lines), lines
     assert "not both" in lines[0] and "does not exist" in lines[1] and "--workload" in lines[2]
+    assert "needs --tune" in lines[3]
 
 
 # --- the real testbed (root) ---------------------------------------------------------

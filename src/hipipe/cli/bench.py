@@ -143,6 +143,8 @@ def run(args: argparse.Namespace) -> int:
     json_path = check_output_path(args.json) if args.json not in (None, "-") else None
     if args.tune and args.tuned:
         raise TestbedError("give --tune (tune here) or --tuned CACHE (a tuning done before), not both")
+    if args.best_few != DEFAULT_BEST_FEW and not args.tune:
+        raise TestbedError("--best-few chooses the tuning candidates: it needs --tune")
     tuned = _tuned(args.tuned, sizes, rates, messages) if args.tuned else ()
     config = BenchConfig(
         sizes=sizes,
