@@ -15,7 +15,13 @@ from typing import Any
 from rich.table import Table
 
 from hipipe.schedule import schedule_to_dict
-from hipipe.testbed.fidelity import CellFidelity, cell_fidelity, relative_spread, result_fidelity
+from hipipe.testbed.fidelity import (
+    REDUCTION_PLANNER,
+    CellFidelity,
+    cell_fidelity,
+    relative_spread,
+    result_fidelity,
+)
 from hipipe.testbed.fit import Calibration
 from hipipe.testbed.layout import format_rate
 from hipipe.testbed.results import THEMIS, TORCH_NAME, BenchResult
@@ -40,7 +46,7 @@ def result_to_dict(result: BenchResult) -> dict[str, Any]:
                 "busbw_bytes_per_s": row.busbw_bytes_per_s,
                 "predicted_s": row.predicted_s,
                 "measured_over_predicted": row.measured_over_predicted,
-                "spread": relative_spread(row),
+                "spread": _finite(relative_spread(row)),
                 "reduction_vs_themis": _finite(result.reduction(row.name, THEMIS, row.message_bytes)),
                 "simulated_reduction_vs_themis": _finite(
                     result.reduction(row.name, THEMIS, row.message_bytes, simulated=True)
@@ -123,7 +129,7 @@ def _cell_to_dict(result: BenchResult, cell: CellFidelity) -> dict[str, Any]:
             ],
         },
         "reduction_vs_themis": {
-            "planner": "hipipe",
+            "planner": REDUCTION_PLANNER,
             "measured": _finite(cell.reduction_measured),
             "simulated": _finite(cell.reduction_simulated),
             "gap_points": _finite(cell.reduction_gap_points),
