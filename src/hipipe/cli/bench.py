@@ -1,9 +1,12 @@
 """``hipipe bench``: run every planner and torch's all_reduce on an emulated testbed.
 
 Brings a testbed up, calibrates it, runs the plans (and with ``--tuned CACHE`` the
-schedule ``hipipe tune`` kept, as a ``hipipe-tuned`` row), tears it down whatever
-happens, then prints one table per message size and writes ``<output>.json`` and
-``<output>.png`` (the measured Gantt of one hipipe run beside its plan).
+schedule ``hipipe tune`` kept, as a ``hipipe-tuned`` row; with ``--tune`` it tunes each
+size on this testbed first and measures the kept schedule as that row), tears it down
+whatever happens, then prints one table per message size with the fidelity lines and
+goals under it, and writes ``<output>.json`` and ``<output>.png`` (the measured Gantt of
+one hipipe run beside its plan). ``--json PATH`` writes the JSON there instead (``-``:
+stdout, the tables then go to stderr so stdout is the document alone).
 """
 
 import argparse
@@ -19,13 +22,20 @@ from hipipe.cli import bench_training
 from hipipe.cli.common import check_output_path, stderr_console, stdout_console
 from hipipe.files import atomic_write_text
 from hipipe.planners import PLANNERS
-from hipipe.report.bench import describe_calibration, describe_rates, result_to_dict, summary_tables
+from hipipe.report.bench import (
+    cell_lines,
+    describe_calibration,
+    describe_rates,
+    result_to_dict,
+    summary_tables,
+)
 from hipipe.schedule import Collective, Schedule
 from hipipe.testbed.bench import run_bench
 from hipipe.testbed.layout import TestbedError, nominal_topology, parse_rates_bits_per_s, parse_shape
 from hipipe.testbed.results import DEFAULT_PLANNERS, BenchConfig
 from hipipe.testbed.shaping import require_host
 from hipipe.tuning.cache import TuningError, load_tuned
+from hipipe.tuning.candidates import DEFAULT_BEST_FEW
 from hipipe.units import format_size, parse_sizes_bytes
 
 
@@ -60,12 +70,30 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
         default=None,
         help="add a hipipe-tuned row: the schedule `hipipe tune` kept for this testbed and size",
     )
+    parser.add_argument(
+        "--tune",
+        action="store_true",
+        help="tune each size here first (hipipe tune's candidates, this run's baselines, same calibration)"
+        " and measure the kept schedule again as the hipipe-tuned row",
+    )
+    parser.add_argument(
+        "--best-few",
+        type=int,
+        default=DEFAULT_BEST_FEW,
+        help="with --tune: hipipe plans among the candidates (default: %(default)s)",
+    )
     parser.add_argument("--rate-check-s", type=float, default=1.0, help="rate check per dimension, 0 to skip")
     parser.add_argument(
         "-o",
         "--output",
         default=None,
-        help="path prefix of the JSON and PNG files (default: hipipe-bench-<shape>-<time>)",
+        help="path prefix of the JSON and PNG files (default without --json: hipipe-bench-<shape>-<time>)",
+    )
+    parser.add_argument(
+        "--json",
+        metavar="PATH",
+        default=None,
+        help="write the JSON document here ('-': stdout, tables on stderr); no PNG unless -o is given",
     )
     bench_training.add_arguments(parser)
     parser.set_defaults(func=run)
@@ -96,6 +124,8 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.workload is not None:
+        if args.json is not None or args.tune:
+            raise TestbedError("--json and --tune are for the AllReduce bench, not --workload (use -o)")
         signal.signal(signal.SIGTERM, _exit_on_sigterm)  # a plain `kill` still tears the testbed down
         return bench_training.run_training(args)
     sizes = parse_shape(args.testbed)
@@ -105,8 +135,16 @@ def run(args: argparse.Namespace) -> int:
     unknown = [p for p in planners if p not in PLANNERS]
     if unknown:
         raise TestbedError(f"unknown planner {unknown[0]!r} (available: {', '.join(PLANNERS)})")
-    output = args.output or f"hipipe-bench-{args.testbed}-{datetime.now():%Y%m%d-%H%M%S}"
-    check_output_path(output + ".json")
+    output = args.output
+    if output is None and args.json is None:
+        output = f"hipipe-bench-{args.testbed}-{datetime.now():%Y%m%d-%H%M%S}"
+    if output is not None:
+        check_output_path(output + ".json")
+    json_path = check_output_path(args.json) if args.json not in (None, "-") else None
+    if args.tune and args.tuned:
+        raise TestbedError("give --tune (tune here) or --tuned CACHE (a tuning done before), not both")
+    if args.best_few != DEFAULT_BEST_FEW and not args.tune:
+        raise TestbedError("--best-few chooses the tuning candidates: it needs --tune")
     tuned = _tuned(args.tuned, sizes, rates, messages) if args.tuned else ()
     config = BenchConfig(
         sizes=sizes,
@@ -120,6 +158,8 @@ def run(args: argparse.Namespace) -> int:
         rate_check_s=args.rate_check_s,
         gantt_planner=args.gantt,
         tuned=tuned,
+        tune=args.tune,
+        tune_best_few=args.best_few,
     )
     require_host()
     try:
@@ -136,19 +176,33 @@ def run(args: argparse.Namespace) -> int:
             bar.update(task, completed=done, total=total, description=what)
 
         result = run_bench(config, progress=progress)
-    console = stdout_console()
+    # With --json - stdout carries the document alone: everything for people goes to stderr.
+    console = stderr_console() if args.json == "-" else stdout_console()
     if result.rates:
         console.print(f"rate check: {describe_rates(result)}")
     if result.calibration is not None:
         console.print(f"calibration: {describe_calibration(result.calibration)}")
-    for table in summary_tables(result):
+    for table, message_bytes in zip(summary_tables(result), config.messages_bytes, strict=True):
         console.print(table)
-    atomic_write_text(output + ".json", json.dumps(result_to_dict(result), indent=1) + "\n")
-    written = [output + ".json"]
-    if result.gantt_panels:
+        for line in cell_lines(result, message_bytes):
+            console.print(line, markup=False)
+    document = json.dumps(result_to_dict(result), indent=1) + "\n"
+    written = []
+    if output is not None:
+        atomic_write_text(output + ".json", document)
+        written.append(output + ".json")
+    if json_path is not None:
+        atomic_write_text(json_path, document)
+        written.append(str(json_path))
+    if output is not None and result.gantt_panels:
         from hipipe.report.gantt import write_gantt
 
         write_gantt(output + ".png", list(result.gantt_panels))
         written.append(output + ".png")
-    console.print(f"[dim]wrote {', '.join(written)}; testbed {result.prefix} removed[/dim]")
+    if args.json == "-":
+        sys.stdout.write(document)
+        sys.stdout.flush()
+    console.print(
+        f"[dim]wrote {', '.join(written) or 'the JSON to stdout'}; testbed {result.prefix} removed[/dim]"
+    )
     return 0

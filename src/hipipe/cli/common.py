@@ -58,7 +58,10 @@ def stdout_console() -> Console:
 
 
 def stderr_console() -> Console:
-    return Console(file=sys.stderr, highlight=False)
+    """Progress bars, and the tables when stdout carries a document (``bench --json -``)."""
+    if sys.stderr.isatty():
+        return Console(file=sys.stderr, highlight=False)
+    return Console(file=sys.stderr, highlight=False, width=MIN_PIPE_WIDTH)
 
 
 def check_output_path(path: str | None, *, suffix: str | None = None) -> Path | None:

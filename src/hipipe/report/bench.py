@@ -1,21 +1,32 @@
 """Reports of a testbed benchmark: the JSON document, terminal tables, a markdown section.
 
-``hipipe bench`` prints :func:`summary_tables` and writes :func:`result_to_dict`;
-``benchmarks/testbed.py`` adds :func:`render_markdown`. The cells of the terminal
-table and of the markdown table come from one function (:func:`summary_rows`).
+``hipipe bench`` prints :func:`summary_tables` and :func:`cell_lines` and writes
+:func:`result_to_dict`; ``benchmarks/testbed.py`` adds :func:`render_markdown` and
+:func:`fidelity_summary_markdown`. The cells of the terminal table and of the markdown
+table come from one function (:func:`summary_rows`); the fidelity numbers and goals from
+:mod:`hipipe.testbed.fidelity`, rendered here only.
 """
 
 import math
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from rich.table import Table
 
 from hipipe.schedule import schedule_to_dict
+from hipipe.testbed.fidelity import (
+    REDUCTION_PLANNER,
+    CellFidelity,
+    cell_fidelity,
+    relative_spread,
+    result_fidelity,
+)
 from hipipe.testbed.fit import Calibration
 from hipipe.testbed.layout import format_rate
 from hipipe.testbed.results import THEMIS, TORCH_NAME, BenchResult
 from hipipe.topology_io import topology_to_dict
+from hipipe.tuning.cache import TunedEntry
 from hipipe.units import format_size, format_time
 
 
@@ -35,6 +46,7 @@ def result_to_dict(result: BenchResult) -> dict[str, Any]:
                 "busbw_bytes_per_s": row.busbw_bytes_per_s,
                 "predicted_s": row.predicted_s,
                 "measured_over_predicted": row.measured_over_predicted,
+                "spread": _finite(relative_spread(row)),
                 "reduction_vs_themis": _finite(result.reduction(row.name, THEMIS, row.message_bytes)),
                 "simulated_reduction_vs_themis": _finite(
                     result.reduction(row.name, THEMIS, row.message_bytes, simulated=True)
@@ -65,6 +77,8 @@ def result_to_dict(result: BenchResult) -> dict[str, Any]:
         "calibration": result.calibration.to_dict() if result.calibration else None,
         "topology": topology_to_dict(result.topology),
         "rows": rows,
+        # Per message size: the fidelity numbers and the four goals (hipipe.testbed.fidelity).
+        "cells": [_cell_to_dict(result, cell) for cell in result_fidelity(result)],
         "wall_s": result.wall_s,
         "load_average_before_after": list(result.load_average),
         # The Gantt's two schedules (planned, measured on rank 0), readable by `hipipe check`/`simulate`.
@@ -77,6 +91,80 @@ def result_to_dict(result: BenchResult) -> dict[str, Any]:
 
 def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
+
+
+def _cell_to_dict(result: BenchResult, cell: CellFidelity) -> dict[str, Any]:
+    """One cell of the JSON: per-row numbers, spread, pair order, reduction vs themis, tuning, goals."""
+    rows = [r for r in result.rows if r.message_bytes == cell.message_bytes]
+    entry = result.tuning_entry(cell.message_bytes)
+    tuned = cell.tuned
+    return {
+        "message_bytes": cell.message_bytes,
+        "planners": {
+            r.name: {
+                "median_s": r.median_s,
+                "min_s": r.min_s,
+                "max_s": r.max_s,
+                "predicted_s": r.predicted_s,
+                "measured_over_predicted": _finite(r.measured_over_predicted),
+                "spread": _finite(cell.spreads[r.name]),
+            }
+            for r in rows
+        },
+        "spread": _finite(cell.spread),
+        "pairs": {
+            "ranked_as_predicted": cell.pairs_ranked,
+            "of": len(cell.pairs),
+            "misordered": [[p.first, p.second] for p in cell.misordered],
+            "pairs": [
+                {
+                    "first": p.first,
+                    "second": p.second,
+                    "predicted_s": list(p.predicted_s),
+                    "measured_s": list(p.measured_s),
+                    "agrees": p.agrees,
+                    "ranges_overlap": p.ranges_overlap,
+                }
+                for p in cell.pairs
+            ],
+        },
+        "reduction_vs_themis": {
+            "planner": REDUCTION_PLANNER,
+            "measured": _finite(cell.reduction_measured),
+            "simulated": _finite(cell.reduction_simulated),
+            "gap_points": _finite(cell.reduction_gap_points),
+        },
+        "tuned": None
+        if tuned is None
+        else {
+            "kept": cell.tuned_choice,
+            "median_s": tuned.tuned_s,
+            "fastest_baseline": tuned.baseline,
+            "fastest_baseline_median_s": tuned.baseline_s,
+            "slower_by": tuned.slower_by,
+            "tolerance": _finite(tuned.tolerance),
+            "met": tuned.met,
+        },
+        "tuning": None if entry is None else _tuning_to_dict(entry),
+        "goals": [{"goal": g.name, "met": g.met, "value": g.value} for g in cell.goals],
+    }
+
+
+def _tuning_to_dict(entry: TunedEntry) -> dict[str, Any]:
+    return {
+        "kept": entry.chosen,
+        "candidates": [
+            {
+                "name": m.name,
+                "planner": m.planner,
+                "num_chunks": m.num_chunks,
+                "predicted_s": m.predicted_s,
+                "times_s": list(m.times_s),
+                "median_s": m.median_s,
+            }
+            for m in entry.measurements
+        ],
+    }
 
 
 def describe_calibration(calibration: Calibration) -> str:
@@ -120,6 +208,7 @@ def summary_rows(result: BenchResult, message_bytes: int) -> list[list[str]]:
                 f"{row.busbw_bytes_per_s * 8 / 1e6:.1f} Mbit/s",
                 format_time(row.predicted_s),
                 f"{row.measured_over_predicted:.3f}",
+                f"{100 * relative_spread(row):.1f}%",
                 f"{_pct(vs_themis)} (sim {_pct(sim_themis)})" if row.name != THEMIS else "-",
                 (_pct(vs_torch) + speedup) if row.name != TORCH_NAME else "-",
             ]
@@ -134,9 +223,36 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
     "busbw",
     "predicted",
     "measured/predicted",
+    "spread",
     "reduction vs themis",
     "reduction vs torch",
 )
+
+
+def goal_mark(met: bool | None) -> str:
+    """``met``, ``MISSED`` or ``n/a`` (not measured in this run) for a goal's ``met``."""
+    return "n/a" if met is None else ("met" if met else "MISSED")
+
+
+def cell_lines(result: BenchResult, message_bytes: int) -> list[str]:
+    """Plain-text lines under one size's table: spread, misordered pairs, the tuning, the four goals.
+
+    The terminal prints them as they are; :func:`render_markdown` makes them bullets.
+    """
+    cell = cell_fidelity(result, message_bytes)
+    lines = []
+    if math.isfinite(cell.spread):
+        noisiest = max(cell.spreads, key=lambda name: cell.spreads[name])
+        lines.append(
+            f"spread (max - min) / median of the timed repeats: up to {100 * cell.spread:.1f}% ({noisiest})"
+        )
+    lines += [f"misordered: {p.describe()}" for p in cell.misordered]
+    entry = result.tuning_entry(message_bytes)
+    if entry is not None:
+        measured = ", ".join(f"{m.name} {format_time(m.median_s)}" for m in entry.measurements)
+        lines.append(f"tuning kept {entry.chosen} (medians: {measured}); measured again as hipipe-tuned")
+    lines += [f"{goal_mark(g.met)}: {g.name}: {g.value}" for g in cell.goals]
+    return lines
 
 
 def summary_tables(result: BenchResult) -> list[Table]:
@@ -177,6 +293,55 @@ def render_markdown(result: BenchResult, *, gantt_png: str | None = None) -> str
         lines.append("|" + "---|" * len(SUMMARY_COLUMNS))
         for cells in summary_rows(result, message_bytes):
             lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+        lines += [f"- {line}" for line in cell_lines(result, message_bytes)]
     if gantt_png:
         lines += ["", f"![planned vs measured Gantt]({gantt_png})"]
+    return "\n".join(lines) + "\n"
+
+
+FIDELITY_COLUMNS: tuple[str, ...] = (
+    "testbed",
+    "size",
+    "measured/predicted (worst)",
+    "spread",
+    "pairs as predicted",
+    "reduction vs themis: measured / simulated",
+    "hipipe-tuned vs fastest baseline",
+    "goals met",
+)
+
+
+def fidelity_summary_markdown(results: Sequence[BenchResult]) -> str:
+    """One table row per cell of every run: the fidelity report's summary."""
+    lines = ["| " + " | ".join(FIDELITY_COLUMNS) + " |", "|" + "---|" * len(FIDELITY_COLUMNS)]
+    for result in results:
+        testbed = (
+            "x".join(map(str, result.config.sizes))
+            + " at "
+            + ", ".join(format_rate(r) for r in result.config.rates_bits_per_s)
+        )
+        for cell in result_fidelity(result):
+            ratios = {n: v for n, v in cell.ratios.items() if n != TORCH_NAME and math.isfinite(v)}
+            worst = max(ratios, key=lambda n: abs(ratios[n] - 1), default=None)
+            tuned = cell.tuned
+            checked = [g for g in cell.goals if g.met is not None]
+            cells = [
+                testbed,
+                format_size(cell.message_bytes),
+                f"{ratios[worst]:.3f} ({worst})" if worst is not None else "-",
+                f"{100 * cell.spread:.1f}%" if math.isfinite(cell.spread) else "-",
+                f"{cell.pairs_ranked}/{len(cell.pairs)}" if cell.pairs else "-",
+                f"{_pct(cell.reduction_measured)} / {_pct(cell.reduction_simulated)}"
+                + (
+                    f" ({cell.reduction_gap_points:+.1f} pts)"
+                    if math.isfinite(cell.reduction_gap_points)
+                    else ""
+                ),
+                f"{100 * tuned.slower_by:+.1f}% vs {tuned.baseline} (spread {100 * tuned.tolerance:.1f}%)"
+                if tuned is not None
+                else "-",
+                f"{sum(bool(g.met) for g in checked)}/{len(checked)}",
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

@@ -10,7 +10,9 @@ Orchestration only: the rows it fills are :mod:`hipipe.testbed.results`; the tab
 markdown and JSON are :mod:`hipipe.report.bench` (median, min and max time, busbw, the
 prediction, measured / predicted, reductions against themis and torch). Tasks go to the
 workers typed (:mod:`hipipe.testbed.protocol`), schedules planned here, once. With
-``BenchConfig.tuned`` a ``hipipe-tuned`` row runs the schedule a tuning cache holds.
+``BenchConfig.tuned`` a ``hipipe-tuned`` row runs the schedule a tuning cache holds; with
+``BenchConfig.tune`` the run tunes each size itself after calibrating (:mod:`hipipe.tuning.testbed`)
+and measures the kept schedule as that row.
 """
 
 import os
@@ -19,7 +21,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from hipipe.planners import plan
+from hipipe.planners import BASELINES, plan
 from hipipe.predict import predicted_s
 from hipipe.schedule import Schedule
 from hipipe.testbed import netns
@@ -51,6 +53,7 @@ from hipipe.testbed.protocol import (
 from hipipe.testbed.ratecheck import DimRate, check_rates
 from hipipe.testbed.results import TORCH_NAME, TUNED_NAME, BenchConfig, BenchResult, BenchRow
 from hipipe.topology import Topology
+from hipipe.tuning.cache import TunedEntry
 from hipipe.units import format_size
 
 ProgressFn = Callable[[int, int, str], None]
@@ -85,7 +88,9 @@ def run_bench(
         if config.calibrate:
             calibration = _calibrate(layout, config, workdir / "calibrate", progress)
             topology = calibration.topology(name=f"testbed-{layout.shape}-calibrated")
-        rows, panels = _run_plans(layout, topology, config, workdir / "bench", progress)
+        tuning = _tune(layout, topology, config, workdir / "tune", progress) if config.tune else ()
+        tuned = config.tuned or tuple(entry.schedule for entry in tuning)
+        rows, panels = _run_plans(layout, topology, config, tuned, workdir / "bench", progress)
     finally:
         netns.down(layout.prefix, state_dir=state_dir)
     return BenchResult(
@@ -99,6 +104,7 @@ def run_bench(
         gantt_panels=tuple(panels),
         wall_s=time.monotonic() - started,
         load_average=(load_before, os.getloadavg()[0]),
+        tuning=tuning,
     )
 
 
@@ -180,6 +186,36 @@ def _calibrate(
     )
 
 
+def _tune(
+    layout: Layout, topology: Topology, config: BenchConfig, workdir: Path, progress: ProgressFn | None
+) -> tuple[TunedEntry, ...]:
+    """``hipipe tune`` on this testbed and calibration, one entry per size, before the rows.
+
+    The candidates are hipipe's best few and this run's baselines (not every baseline:
+    the others are not rows here, and each costs minutes on a slow testbed). The kept
+    schedule is then measured again among the rows, so the ``hipipe-tuned`` row is not
+    the very measurement it was selected by.
+    """
+    # Imported here: hipipe.tuning.testbed builds on this module (run_tasks, calibrate_testbed).
+    from hipipe.tuning.testbed import TuneConfig, tune_on_layout
+
+    configs = [
+        TuneConfig(
+            sizes=config.sizes,
+            rates_bits_per_s=config.rates_bits_per_s,
+            message_bytes=message_bytes,
+            warmup=config.warmup,
+            repeats=config.repeats,
+            best_few=config.tune_best_few,
+            calibrate=config.calibrate,
+        )
+        for message_bytes in config.messages_bytes
+    ]
+    baselines = [name for name in config.planners if name in BASELINES]
+    tuned = tune_on_layout(layout, topology, configs, baselines=baselines, workdir=workdir, progress=progress)
+    return tuple(entry for entry, _ in tuned)
+
+
 def predicted_on_s(topology: Topology, schedule: Schedule) -> float:
     """``schedule`` replayed on ``topology`` (its own chunks and sequences), full cost model.
 
@@ -195,13 +231,14 @@ def _run_plans(
     layout: Layout,
     topology: Topology,
     config: BenchConfig,
+    tuned_schedules: Sequence[Schedule],
     workdir: Path,
     progress: ProgressFn | None,
 ) -> tuple[list[BenchRow], list[tuple[str, Schedule]]]:
     tasks: list[ScheduleTask | TorchTask] = []
     predicted: dict[RunKey, float] = {}
     schedules: dict[RunKey, Schedule] = {}
-    tuned = {s.message_bytes: s for s in config.tuned}
+    tuned = {s.message_bytes: s for s in tuned_schedules}
     for message_bytes in config.messages_bytes:
         for name in config.planners:
             key = RunKey(planner=name, message_bytes=message_bytes)

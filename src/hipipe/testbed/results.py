@@ -14,6 +14,8 @@ from hipipe.testbed.fit import CONCURRENT_WINDOW_S, Calibration
 from hipipe.testbed.layout import TestbedError
 from hipipe.testbed.ratecheck import DimRate
 from hipipe.topology import Topology
+from hipipe.tuning.cache import TunedEntry
+from hipipe.tuning.candidates import DEFAULT_BEST_FEW
 
 TORCH_NAME = "torch.distributed.all_reduce"
 """Row name of the reference; its prediction is the flat ``ring`` model (Gloo runs a ring)."""
@@ -50,6 +52,11 @@ class BenchConfig:
     gantt_planner: str = "hipipe"
     tuned: tuple[Schedule, ...] = ()
     """Schedules from a tuning cache, one per message size: each adds a :data:`TUNED_NAME` row."""
+    tune: bool = False
+    """Tune each size on this testbed and calibration first (``hipipe tune``'s candidates, with
+    this run's baselines), then measure the kept schedule again as the :data:`TUNED_NAME` row."""
+    tune_best_few: int = DEFAULT_BEST_FEW
+    """hipipe plans among the tuning candidates (``hipipe tune --best-few``)."""
 
     def __post_init__(self) -> None:
         if self.repeats < 1 or self.warmup < 0:
@@ -61,6 +68,10 @@ class BenchConfig:
         tuned_sizes = sorted(s.message_bytes for s in self.tuned)
         if self.tuned and tuned_sizes != sorted(self.messages_bytes):
             raise TestbedError("give one tuned schedule per message size")
+        if self.tune and self.tuned:
+            raise TestbedError("tune here or read tuned schedules from a cache, not both")
+        if self.tune and self.tune_best_few < 1:
+            raise TestbedError("need at least one hipipe candidate to tune (best few >= 1)")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -108,6 +119,12 @@ class BenchResult:
     wall_s: float = 0.0
     load_average: tuple[float, float] = (0.0, 0.0)
     """1-minute load average before and after: other work on the host skews a measurement."""
+    tuning: tuple[TunedEntry, ...] = ()
+    """With ``config.tune``: per message size, the candidates measured and the one kept."""
+
+    def tuning_entry(self, message_bytes: int) -> TunedEntry | None:
+        """The tuning of ``message_bytes`` this run did; None without ``config.tune``."""
+        return next((e for e in self.tuning if e.key.message_bytes == message_bytes), None)
 
     def row(self, name: str, message_bytes: int) -> BenchRow | None:
         """The row of ``name`` at ``message_bytes``; None if it was not run."""

@@ -10,14 +10,16 @@ anything is measured; the calibrated one changes with every calibration.
 """
 
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from hipipe.planners import BASELINES
 from hipipe.schedule import Collective
 from hipipe.testbed import netns
 from hipipe.testbed.bench import ProgressFn, calibrate_testbed, run_tasks
 from hipipe.testbed.fit import Calibration
-from hipipe.testbed.layout import TestbedError, format_rate, nominal_topology
+from hipipe.testbed.layout import Layout, TestbedError, format_rate, nominal_topology
 from hipipe.testbed.protocol import DTYPE_BYTES, RunKey, ScheduleTask
 from hipipe.testbed.ratecheck import check_rates
 from hipipe.topology import Topology
@@ -28,6 +30,7 @@ from hipipe.tuning.candidates import (
     tuned_entry,
     tuning_candidates,
 )
+from hipipe.units import format_size
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -104,12 +107,52 @@ def tune_on_testbed(
                 progress=progress,
             )
             topology = calibration.topology(name=f"testbed-{layout.shape}-calibrated")
-        if progress:
-            progress(0, 1, "planning the candidates")
-        candidates = tuning_candidates(
-            topology, config.message_bytes, collective=config.collective, best_few=config.best_few
+        [(entry, candidates)] = tune_on_layout(
+            layout, topology, [config], workdir=workdir / "tune", progress=progress
         )
-        tasks = [
+    finally:
+        netns.down(layout.prefix, state_dir=state_dir)
+    return TuneResult(
+        entry=entry,
+        candidates=tuple(candidates),
+        planned_on=topology,
+        calibration=calibration,
+        prefix=layout.prefix,
+    )
+
+
+def tune_on_layout(
+    layout: Layout,
+    topology: Topology,
+    configs: Sequence[TuneConfig],
+    *,
+    baselines: Sequence[str] = BASELINES,
+    workdir: Path,
+    progress: ProgressFn | None = None,
+) -> list[tuple[TunedEntry, list[Candidate]]]:
+    """Tune on a testbed that is up: one entry (and its candidates) per config, in order.
+
+    Every config's candidates are planned on ``topology`` (calibrated or nominal) and run
+    in one worker job (runs are keyed by name and size, so several sizes share it and the
+    ranks start once). ``hipipe bench --tune`` calls this between its calibration and its
+    rows, with its own baselines, so the kept schedules come from the same calibration.
+    """
+    if len({c.message_bytes for c in configs}) != len(configs):
+        raise TestbedError("tune each message size once")
+    planned: list[list[Candidate]] = []
+    tasks: list[ScheduleTask] = []
+    for config in configs:
+        if progress:
+            progress(0, 1, f"planning the candidates ({format_size(config.message_bytes)})")
+        candidates = tuning_candidates(
+            topology,
+            config.message_bytes,
+            collective=config.collective,
+            best_few=config.best_few,
+            baselines=baselines,
+        )
+        planned.append(candidates)
+        tasks += [
             ScheduleTask(
                 key=RunKey(planner=c.name, message_bytes=config.message_bytes),
                 schedule=c.schedule,
@@ -120,23 +163,19 @@ def tune_on_testbed(
             )
             for c in candidates
         ]
-        predicted = {t.key: t.schedule.makespan_s for t in tasks}
-        results = run_tasks(layout, tasks, predicted, workdir=workdir / "tune", progress=progress)
-    finally:
-        netns.down(layout.prefix, state_dir=state_dir)
-    key = TuningKey.of(config.topology, config.collective, config.message_bytes, config.dtype)
-    entry = tuned_entry(
-        key,
-        candidates,
-        {r.key.planner: r.times_s for r in results},
-        warmup=config.warmup,
-        source=config.source(),
-        topology_name=config.topology.name,
-    )
-    return TuneResult(
-        entry=entry,
-        candidates=tuple(candidates),
-        planned_on=topology,
-        calibration=calibration,
-        prefix=layout.prefix,
-    )
+    predicted = {t.key: t.schedule.makespan_s for t in tasks}
+    results = run_tasks(layout, tasks, predicted, workdir=workdir, progress=progress)
+    out = []
+    for config, candidates in zip(configs, planned, strict=True):
+        key = TuningKey.of(config.topology, config.collective, config.message_bytes, config.dtype)
+        times = {r.key.planner: r.times_s for r in results if r.key.message_bytes == config.message_bytes}
+        entry = tuned_entry(
+            key,
+            candidates,
+            times,
+            warmup=config.warmup,
+            source=config.source(),
+            topology_name=config.topology.name,
+        )
+        out.append((entry, candidates))
+    return out

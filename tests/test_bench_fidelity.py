@@ -1,0 +1,375 @@
+"""The fidelity report of a testbed benchmark: metrics and goals on hand-made results.
+
+Every number below is worked out by hand from the rows; the one root test runs
+``hipipe bench --tune --json -`` on a tiny testbed and checks the document it prints.
+"""
+
+import functools
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pytest
+
+from hipipe.cli import main
+from hipipe.planners import plan
+from hipipe.report.bench import cell_lines, fidelity_summary_markdown, render_markdown, result_to_dict
+from hipipe.testbed import netns
+from hipipe.testbed.fidelity import (
+    GOAL_NAMES,
+    GOAL_PAIRS,
+    GOAL_RATIO,
+    GOAL_REDUCTION,
+    GOAL_TUNED,
+    Goal,
+    cell_fidelity,
+    pair_orders,
+    relative_spread,
+    tuned_check,
+)
+from hipipe.testbed.layout import Layout, TestbedError
+from hipipe.testbed.protocol import RunKey, RunResult, ScheduleTask
+from hipipe.testbed.results import THEMIS, TORCH_NAME, TUNED_NAME, BenchConfig, BenchResult, BenchRow
+from hipipe.tuning.cache import Measurement, TunedEntry, TuningKey
+from testbed_host import root_skip_reason
+
+MIB = 1 << 20
+SIZES = (2, 2)
+RATES = (50e6, 200e6)
+
+
+def row(name: str, times: tuple[float, ...], predicted_s: float, message_bytes: int = MIB) -> BenchRow:
+    return BenchRow(
+        name=name, message_bytes=message_bytes, num_ranks=4, times_s=times, predicted_s=predicted_s
+    )
+
+
+def result_of(rows: list[BenchRow], *, tuning: tuple[TunedEntry, ...] = ()) -> BenchResult:
+    sizes = tuple(sorted({r.message_bytes for r in rows}))
+    return BenchResult(
+        config=BenchConfig(sizes=SIZES, rates_bits_per_s=RATES, messages_bytes=sizes),
+        prefix="hp0000",
+        kernel="",
+        rates=(),
+        calibration=None,
+        topology=Layout(prefix="hp0000", sizes=SIZES, rates_bits_per_s=RATES).nominal_topology(),
+        rows=tuple(rows),
+        tuning=tuning,
+    )
+
+
+def goal(goals: Sequence[Goal], name: str) -> Goal:
+    return next(g for g in goals if g.name == name)
+
+
+# A cell where everything but one pair agrees: predictions 1.0 < 2.0 < 3.0 < 3.05 s,
+# measured 1.05 < 2.1 < 3.2 > 3.1 s (pipelined and hierarchical swap).
+GOOD_ROWS = [
+    row("hipipe", (1.04, 1.05, 1.07), 1.0),
+    row(THEMIS, (2.0, 2.1, 2.12), 2.0),
+    row("pipelined", (3.1, 3.2, 3.3), 3.0),
+    row("hierarchical", (3.05, 3.1, 3.15), 3.05),
+    row(TUNED_NAME, (1.0, 1.02, 1.03), 1.0),
+    row(TORCH_NAME, (8.0, 8.0, 8.0), 4.0),
+]
+
+
+def test_spread_is_range_over_median() -> None:
+    assert relative_spread(row("a", (1.0, 1.2, 1.1), 1.0)) == pytest.approx(0.2 / 1.1)
+    assert relative_spread(row("a", (2.0,), 1.0)) == 0.0
+
+
+def test_pairs_count_the_measured_order_against_the_predicted_one() -> None:
+    pairs = pair_orders(GOOD_ROWS[:4])
+    assert [(p.first, p.second) for p in pairs] == [
+        ("hipipe", THEMIS),
+        ("hipipe", "pipelined"),
+        ("hipipe", "hierarchical"),
+        (THEMIS, "pipelined"),
+        (THEMIS, "hierarchical"),
+        ("pipelined", "hierarchical"),
+    ]
+    assert [p.agrees for p in pairs] == [True, True, True, True, True, False]
+    swapped = pairs[-1]
+    assert swapped.predicted_s == (3.0, 3.05) and swapped.measured_s == (3.2, 3.1)
+    assert swapped.ranges_overlap  # 3.1-3.3 and 3.05-3.15 overlap
+    assert not pairs[0].ranges_overlap
+    assert "predicted 3 s < 3.05 s, measured 3.2 s > 3.1 s" in swapped.describe()
+    # Equal predictions (the same plan twice) rank either way.
+    same = pair_orders([row("a", (1.0,), 2.0), row("b", (1.5,), 2.0)])
+    assert same[0].agrees
+
+
+def test_a_good_cell_meets_every_goal_with_its_numbers() -> None:
+    cell = cell_fidelity(result_of(GOOD_ROWS), MIB)
+    assert [g.name for g in cell.goals] == list(GOAL_NAMES)
+    assert cell.pairs_ranked == 5 and len(cell.pairs) == 6
+    assert [(p.first, p.second) for p in cell.misordered] == [("pipelined", "hierarchical")]
+    assert cell.ratios["hipipe"] == pytest.approx(1.05)
+    assert cell.ratios["pipelined"] == pytest.approx(3.2 / 3.0)
+    assert cell.ratios[TORCH_NAME] == pytest.approx(2.0)
+    # Largest spread: pipelined (3.3 - 3.1) / 3.2.
+    assert cell.spread == pytest.approx(0.2 / 3.2)
+    # hipipe vs themis: measured 1 - 1.05/2.1 = 50%, simulated 1 - 1.0/2.0 = 50%.
+    assert cell.reduction_measured == pytest.approx(0.5)
+    assert cell.reduction_gap_points == pytest.approx(0.0, abs=1e-9)
+    assert all(g.met for g in cell.goals), cell.goals
+    # torch measured 2x its prediction, but it is no planner: the ratio goal ignores it.
+    ratio = goal(cell.goals, GOAL_RATIO)
+    assert ratio.value == "worst pipelined 1.067"
+    assert goal(cell.goals, GOAL_PAIRS).value == "5 of 6; misordered: pipelined vs hierarchical"
+    assert goal(cell.goals, GOAL_REDUCTION).value == "measured +50.0%, simulated +50.0% (gap +0.0 pts)"
+
+
+def test_each_goal_can_be_missed() -> None:
+    rows = [
+        row("hipipe", (1.1, 1.12, 1.14), 1.0),  # 1.12: outside 10%
+        row(THEMIS, (1.6, 1.6, 1.6), 1.6),
+        row("pipelined", (1.5, 1.5, 1.5), 3.0),
+        row("hierarchical", (1.4, 1.4, 1.4), 3.05),
+        row(TUNED_NAME, (1.5, 1.5, 1.5), 1.0),
+    ]
+    cell = cell_fidelity(result_of(rows), MIB)
+    ratio = goal(cell.goals, GOAL_RATIO)
+    assert ratio.met is False
+    assert (
+        ratio.value
+        == "worst hierarchical 0.459; 4 of 5 outside (hipipe, pipelined, hierarchical, hipipe-tuned)"
+    )
+    # hipipe 1 - 1.12/1.6 = 30% measured, 1 - 1/1.6 = 37.5% simulated: 7.5 points apart.
+    reduction = goal(cell.goals, GOAL_REDUCTION)
+    assert reduction.met is False
+    assert cell.reduction_gap_points == pytest.approx(-7.5)
+    # Predicted hipipe < themis < pipelined < hierarchical; measured hipipe < hierarchical < pipelined < themis:
+    # themis-pipelined, themis-hierarchical and pipelined-hierarchical are out of order.
+    assert cell.pairs_ranked == 3
+    assert goal(cell.goals, GOAL_PAIRS).met is False
+    # hipipe-tuned 1.5 s vs the fastest baseline, hierarchical at 1.4 s: 7.1% slower, no spread.
+    tuned = goal(cell.goals, GOAL_TUNED)
+    assert tuned.met is False
+    assert tuned.value == "1.500 s vs hierarchical 1.400 s: +7.1%, spread 0.0%"
+
+
+def test_tuned_is_held_against_the_fastest_baseline_within_the_spread() -> None:
+    # Fastest baseline themis, median 1.0 s, range 0.98-1.01 (3%); tuned median 1.02 s, range
+    # 1.00-1.04 (3.9%): 2% slower, inside the larger spread.
+    rows = [
+        row("hipipe", (0.9, 0.9, 0.9), 1.0),  # hipipe's own plan is no baseline, however fast
+        row(THEMIS, (0.98, 1.0, 1.01), 1.0),
+        row("pipelined", (1.2, 1.2, 1.2), 1.2),
+        row(TUNED_NAME, (1.0, 1.02, 1.04), 1.0),
+    ]
+    check = tuned_check(rows)
+    assert check is not None
+    assert check.baseline == THEMIS
+    assert check.slower_by == pytest.approx(0.02)
+    assert check.tolerance == pytest.approx(0.04 / 1.02)
+    assert check.met
+    tight = [row(THEMIS, (1.0, 1.0, 1.0), 1.0), row(TUNED_NAME, (1.02, 1.02, 1.02), 1.0)]
+    tight_check = tuned_check(tight)
+    assert tight_check is not None and not tight_check.met
+    # torch is a baseline too, when it is the fastest.
+    torch_check = tuned_check([row(TORCH_NAME, (0.5,), 1.0), row(TUNED_NAME, (1.0,), 1.0)])
+    assert torch_check is not None and torch_check.baseline == TORCH_NAME
+    assert tuned_check(rows[:3]) is None
+
+
+def test_goals_without_their_rows_are_not_measured() -> None:
+    cell = cell_fidelity(result_of([row("hipipe", (1.0,), 1.0)]), MIB)
+    assert [g.met for g in cell.goals] == [True, None, None, None]
+
+
+def _entry(message_bytes: int, chosen: str) -> TunedEntry:
+    topology = Layout(prefix="hp0000", sizes=SIZES, rates_bits_per_s=RATES).nominal_topology()
+    return TunedEntry(
+        key=TuningKey.of(topology, "all_reduce", message_bytes, "float32"),
+        chosen=chosen,
+        schedule=plan(topology, message_bytes, "hipipe", num_chunks=3),
+        measurements=(
+            Measurement(name="hipipe", planner="hipipe", num_chunks=4, predicted_s=1.0, times_s=(1.1, 1.2)),
+            Measurement(name=chosen, planner="hipipe", num_chunks=3, predicted_s=1.05, times_s=(1.0, 1.0)),
+        ),
+        warmup=1,
+        source="test",
+    )
+
+
+def test_json_cells_carry_the_numbers_and_goals() -> None:
+    result = result_of(GOOD_ROWS, tuning=(_entry(MIB, "hipipe K=3"),))
+    document = result_to_dict(result)
+    json.dumps(document, allow_nan=False)  # strict JSON: no NaN anywhere
+    [cell] = document["cells"]
+    assert cell["message_bytes"] == MIB
+    assert set(cell["planners"]) == {r.name for r in GOOD_ROWS}
+    hipipe = cell["planners"]["hipipe"]
+    assert (hipipe["median_s"], hipipe["min_s"], hipipe["max_s"], hipipe["predicted_s"]) == (
+        1.05,
+        1.04,
+        1.07,
+        1.0,
+    )
+    assert hipipe["measured_over_predicted"] == pytest.approx(1.05)
+    assert hipipe["spread"] == pytest.approx(0.03 / 1.05)
+    assert cell["pairs"]["ranked_as_predicted"] == 5 and cell["pairs"]["of"] == 6
+    assert cell["pairs"]["misordered"] == [["pipelined", "hierarchical"]]
+    assert cell["reduction_vs_themis"]["measured"] == pytest.approx(0.5)
+    assert cell["tuned"]["kept"] == "hipipe K=3"
+    assert cell["tuned"]["fastest_baseline"] == THEMIS
+    assert cell["tuned"]["slower_by"] == pytest.approx(1.02 / 2.1 - 1)
+    assert [c["name"] for c in cell["tuning"]["candidates"]] == ["hipipe", "hipipe K=3"]
+    assert [g["met"] for g in cell["goals"]] == [True, True, True, True]
+    assert document["rows"][0]["spread"] == pytest.approx(0.03 / 1.05)
+
+
+def test_reports_show_spread_pairs_tuning_and_goals() -> None:
+    result = result_of(GOOD_ROWS, tuning=(_entry(MIB, "hipipe K=3"),))
+    lines = cell_lines(result, MIB)
+    assert lines[0] == "spread (max - min) / median of the timed repeats: up to 6.2% (pipelined)"
+    assert lines[1].startswith("misordered: pipelined vs hierarchical: predicted 3 s < 3.05 s")
+    assert lines[2].startswith("tuning kept hipipe K=3 (medians: hipipe 1.150 s, hipipe K=3 1.000 s)")
+    assert lines[3:] == [
+        "met: measured/predicted within 10%: worst pipelined 1.067",
+        "met: reduction vs themis within 5 points of simulated: measured +50.0%, simulated +50.0% (gap +0.0 pts)",
+        "met: pairs ranked as predicted (>= 5 of 6): 5 of 6; misordered: pipelined vs hierarchical",
+        "met: hipipe-tuned no slower than fastest baseline (within spread):"
+        " 1.020 s (kept hipipe K=3) vs themis 2.100 s: -51.4%, spread 5.7%",
+    ]
+    markdown = render_markdown(result)
+    assert "| measured/predicted | spread |" in markdown
+    assert "| hipipe | 1.050 s | 1.040 s - 1.070 s |" in markdown
+    assert "- met: pairs ranked as predicted (>= 5 of 6): 5 of 6" in markdown
+    summary = fidelity_summary_markdown([result])
+    assert summary.splitlines()[2] == (
+        "| 2x2 at 50 Mbit/s, 200 Mbit/s | 1 MiB | 1.067 (pipelined) | 6.2% | 5/6 | +50.0% / +50.0% (+0.0 pts)"
+        " | -51.4% vs themis (spread 5.7%) | 4/4 |"
+    )
+
+
+def test_tune_on_layout_runs_every_size_in_one_job_and_keeps_each_fastest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import hipipe.tuning.testbed as tuning_testbed
+    from hipipe.tuning.testbed import TuneConfig, tune_on_layout
+
+    layout = Layout(prefix="hp0000", sizes=SIZES, rates_bits_per_s=RATES)
+    topology = layout.nominal_topology()
+    jobs: list[list[str]] = []
+
+    def fake_run_tasks(
+        layout: Layout,
+        tasks: Sequence[ScheduleTask],
+        predicted: Mapping[RunKey, float],
+        *,
+        workdir: Path,
+        progress: object = None,
+    ) -> list[RunResult]:
+        jobs.append([t.key.describe() for t in tasks])
+        # pipelined is the measured fastest at 1 MiB, hipipe's own plan at 2 MiB.
+        fast = {MIB: "pipelined", 2 * MIB: "hipipe"}
+        return [
+            RunResult(key=t.key, times_s=(0.5,) if t.key.planner == fast[t.key.message_bytes] else (1.0,))
+            for t in tasks
+        ]
+
+    monkeypatch.setattr(tuning_testbed, "run_tasks", fake_run_tasks)
+    configs = [
+        TuneConfig(sizes=SIZES, rates_bits_per_s=RATES, message_bytes=m, best_few=2) for m in (MIB, 2 * MIB)
+    ]
+    out = tune_on_layout(
+        layout, topology, configs, baselines=[THEMIS, "pipelined"], workdir=Path("/nonexistent")
+    )
+    assert len(jobs) == 1
+    names = {d.split(" ")[0] for d in jobs[0]}
+    assert names >= {"hipipe", THEMIS, "pipelined"} and "ring" not in names and "hierarchical" not in names
+    (first, first_candidates), (second, _) = out
+    assert first.chosen == "pipelined" and first.key.message_bytes == MIB
+    assert first.schedule == next(c.schedule for c in first_candidates if c.name == "pipelined")
+    assert second.chosen == "hipipe" and second.key.message_bytes == 2 * MIB
+    with pytest.raises(TestbedError):
+        tune_on_layout(layout, topology, configs[:1] * 2, workdir=Path("/nonexistent"))
+
+
+def test_bench_config_refuses_tuning_twice() -> None:
+    schedule = plan(
+        Layout(prefix="hp0000", sizes=SIZES, rates_bits_per_s=RATES).nominal_topology(), MIB, "hipipe"
+    )
+    with pytest.raises(TestbedError, match="not both"):
+        BenchConfig(sizes=SIZES, rates_bits_per_s=RATES, messages_bytes=(MIB,), tuned=(schedule,), tune=True)
+    with pytest.raises(TestbedError, match="best few"):
+        BenchConfig(sizes=SIZES, rates_bits_per_s=RATES, messages_bytes=(MIB,), tune=True, tune_best_few=0)
+
+
+def test_cli_bench_json_and_tune_errors_are_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bench = ["bench", "--testbed", "2x2", "--rates", "40,120Mbit", "--size", "1MiB"]
+    cache = tmp_path / "tuned.json"
+    cache.write_text("{}")
+    assert main([*bench, "--tune", "--tuned", str(cache), "--json", "-"]) == 2
+    assert main([*bench, "--json", str(tmp_path / "missing" / "out.json")]) == 2
+    assert main([*bench, "--workload", "ddp", "--json", "-"]) == 2
+    assert main([*bench, "--best-few", "5", "--json", "-"]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 4 and all(line.startswith("hipipe: error:") for line in lines), lines
+    assert "not both" in lines[0] and "does not exist" in lines[1] and "--workload" in lines[2]
+    assert "needs --tune" in lines[3]
+
+
+# --- the real testbed (root) ---------------------------------------------------------
+
+
+@pytest.mark.root
+@pytest.mark.slow
+def test_bench_tune_json_on_a_tiny_testbed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    reason = root_skip_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    pytest.importorskip("torch", reason="the benchmark runs the executor")
+    import hipipe.cli.bench as cli_bench
+    from hipipe.testbed.layout import new_prefix
+
+    state_dir = tmp_path / "state"
+    prefix = new_prefix()
+    while netns.existing_netns(prefix):
+        prefix = new_prefix()
+    monkeypatch.setattr(
+        cli_bench,
+        "run_bench",
+        functools.partial(
+            cli_bench.run_bench, prefix=prefix, state_dir=state_dir, workdir=tmp_path / "bench"
+        ),
+    )
+    argv = [
+        "bench",
+        "--testbed",
+        "2x2",
+        "--rates",
+        "40,120Mbit",
+        "--size",
+        "256KiB",
+        "--planners",
+        "hipipe,themis",
+    ]
+    argv += ["--no-torch", "--no-calibrate", "--rate-check-s", "0", "--repeats", "1", "--best-few", "2"]
+    try:
+        assert main([*argv, "--tune", "--json", "-"]) == 0, capsys.readouterr().err
+    finally:
+        netns.down(prefix, state_dir=state_dir)
+    assert netns.existing_netns(prefix) == []
+    captured = capsys.readouterr()
+    document = json.loads(captured.out)  # stdout is the document alone
+    assert "hipipe-tuned no slower than fastest baseline" in captured.err
+    assert {r["name"] for r in document["rows"]} == {"hipipe", THEMIS, TUNED_NAME}
+    [cell] = document["cells"]
+    candidates = [c["name"] for c in cell["tuning"]["candidates"]]
+    assert candidates[0] == "hipipe" and THEMIS in candidates and "pipelined" not in candidates
+    kept = cell["tuning"]["kept"]
+    medians = {c["name"]: c["median_s"] for c in cell["tuning"]["candidates"]}
+    assert medians[kept] == min(medians.values())
+    assert cell["tuned"]["kept"] == kept and cell["tuned"]["fastest_baseline"] == THEMIS
+    assert cell["pairs"]["of"] == 1 and len(cell["goals"]) == 4
+    assert math.isfinite(cell["planners"][TUNED_NAME]["measured_over_predicted"])
+    assert not (tmp_path / "bench.png").exists()
