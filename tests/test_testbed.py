@@ -25,6 +25,8 @@ from hipipe.testbed.fit import (
     Sample,
     calibrated_topology,
     calibration_sizes_bytes,
+    fit_all,
+    fit_concurrency_slowdown,
     fit_dim,
     fit_line,
     fit_overheads,
@@ -262,28 +264,39 @@ def test_linear_overheads_are_recovered_from_a_traced_pipelined_run() -> None:
     assert fitted.op_s == pytest.approx(0.003, rel=1e-3)
     assert fitted.handoff_s == pytest.approx(0.0005, rel=1e-6)
     assert fitted.memory_bytes_per_s == 2e9
-    assert fitted.concurrency_slowdown == pytest.approx(0.0, abs=1e-6)
+    assert fitted.concurrency_slowdown == 0.0
     assert fitted.jitter_s == pytest.approx(0.0, abs=1e-9)
     # Not slower than the alpha-beta lines: nothing to add.
     untraced = OverheadRun(schedule=run.schedule, times_s=(run.schedule.makespan_s * 0.9,))
     assert fit_overheads(fits, untraced) == Overheads()
 
 
-def test_concurrency_slowdown_is_recovered_from_the_trace() -> None:
-    fits = _two_dim_fits()
-    truth = Overheads(op_s=0.002, concurrency_slowdown=0.25)
-    fitted = fit_overheads(fits, _traced_run(fits, truth))
-    assert fitted.concurrency_slowdown == pytest.approx(0.25, rel=0.05)
-    assert fitted.op_s == pytest.approx(0.002, rel=0.1)
-    # Whatever the split, the fitted model predicts the measured makespan.
-    run = _traced_run(fits, truth)
-    predicted = predicted_s(retime(run.schedule, calibrated_topology(fits, overheads=fitted)))
-    assert predicted == pytest.approx(run.times_s[0], rel=1e-3)
+def test_concurrency_slowdown_is_recovered_from_the_concurrency_pass() -> None:
+    lines = [(2, 0.002, 6e6), (4, 0.001, 24e6)]
+    sizes = (1 << 16, 1 << 18, 1 << 20, 1 << 22)
+    samples = []
+    for k, (n, c, bw) in enumerate(lines):
+        for b in sizes:
+            wire_s = b * (n - 1) / n / bw
+            samples.append(Sample(dim=k, phase="RS", full_bytes=b, time_s=c + wire_s))
+            samples.append(Sample(dim=k, phase="RS", full_bytes=b, time_s=c + wire_s * 1.3, concurrent=True))
+    fits = fit_all([n for n, _, _ in lines], samples)
+    assert fits[1].bandwidth_bytes_per_s == pytest.approx(24e6, rel=1e-6)  # lines from isolated ops only
+    assert fit_concurrency_slowdown(fits, samples) == pytest.approx(0.3, rel=1e-6)
+    assert fit_concurrency_slowdown(fits, [s for s in samples if not s.concurrent]) == 0.0
+    # Given the slowdown, the rest of the overheads still reproduce a run on that network.
+    truth = Overheads(op_s=0.002, concurrency_slowdown=0.3)
+    run = _traced_run(_two_dim_fits(), truth)
+    fitted = fit_overheads(_two_dim_fits(), run, concurrency_slowdown=0.3)
+    assert fitted.op_s == pytest.approx(0.002, rel=1e-3)
+    predicted = predicted_s(retime(run.schedule, calibrated_topology(_two_dim_fits(), overheads=fitted)))
+    assert predicted == pytest.approx(run.times_s[0], rel=1e-4)
 
 
 def test_calibration_sizes_follow_the_slowest_rate() -> None:
     sizes = calibration_sizes_bytes([50e6, 200e6])
-    assert len(sizes) == 4 and list(sizes) == sorted(sizes)
+    assert len(sizes) == 5 and list(sizes) == sorted(sizes)
+    assert sizes[0] == pytest.approx(sizes[-1] / 256, rel=0.2)  # down to a 64-chunk plan's pieces
     assert sizes[-1] == pytest.approx(50e6 / 8, rel=0.01)  # ~1 s on the 50 Mbit/s dimension
     assert calibration_sizes_bytes([1e9])[-1] == 8 * 2**20
     assert calibration_sizes_bytes([1e6])[-1] == 256 * 1024
@@ -402,4 +415,3 @@ def test_jitter_is_recovered_from_the_spread_of_traced_ops() -> None:
     )
     fitted = fit_overheads(fits, run)
     assert fitted.jitter_s == pytest.approx(0.004, rel=0.25)
-    assert fitted.concurrency_slowdown < 0.05

@@ -18,8 +18,10 @@ calibrate`` can measure it and every consumer charges the same thing:
 - ``concurrency_slowdown``: the fraction by which an op's bandwidth term grows for
   each *other* dimension moving data on the rank when it starts (shared cores, NIC
   or memory). Not linear: :mod:`hipipe.predict` applies it.
-- ``jitter_s``: the mean of a random extra delay each op pays (exponential: a thread
-  woken late, a rank descheduled). Absolute, not relative to the op's length: on the
+- ``jitter_s``: the mean of the random delay with which each member of an op's group
+  arrives (exponential: a thread woken late, a rank descheduled). An op starts when its
+  last member arrives, so it pays the maximum of ``n`` such delays (``n`` the group's
+  NPUs): bigger groups wait longer. Absolute, not relative to the op's length: on the
   testbed a one-op schedule of 3.4 s varies by 0.4% between runs while ops of a few ms
   inside a pipeline vary by tens of percent. A pipeline waits for the later of two ops
   at every hand-over, so the delays cost more the more ops run in parallel paths; not

@@ -8,9 +8,10 @@ what separates many-chunk schedules from few-chunk ones on a real network
 
 - *concurrency*: an op's bandwidth term is stretched by ``concurrency_slowdown`` for
   each other dimension that is moving data on the rank when it starts;
-- *jitter*: each op pays an extra exponential delay of mean ``jitter_s``; since a
-  pipeline waits for the later op at every hand-over, the expected makespan grows with
-  the number of ops in parallel paths, not just with their sum.
+- *jitter*: each member of an op's group arrives with an exponential delay of mean
+  ``jitter_s`` and the op pays the latest of them; since a pipeline also waits for the
+  later op at every hand-over, the expected makespan grows with the number of ops in
+  parallel paths, not just with their sum.
 
 :func:`predict` replays the schedule's own per-dimension sequences (what the executor
 runs) event by event, ``samples`` times with a seeded generator, and reports the
@@ -25,7 +26,7 @@ import random
 import statistics
 from dataclasses import dataclass
 
-from hipipe.cost import op_time_s
+from hipipe.cost import group_size, op_time_s
 from hipipe.errors import ScheduleError
 from hipipe.schedule import Schedule
 
@@ -82,6 +83,19 @@ def predicted_s(schedule: Schedule, *, samples: int = DEFAULT_SAMPLES, seed: int
     return predict(schedule, samples=samples, seed=seed).median_s
 
 
+def latest_arrival_s(mean_s: float, members: int, uniform: float) -> float:
+    """The latest of ``members`` exponential delays of mean ``mean_s``, by inverse CDF.
+
+    The maximum of n such delays has CDF ``(1 - exp(-x / mean))^n``; ``uniform`` in [0, 1).
+    """
+    return -mean_s * math.log1p(-(uniform ** (1.0 / members)))
+
+
+def latest_arrival_quantile(members: int, fraction: float) -> float:
+    """Quantile ``fraction`` of the latest of ``members`` unit-mean exponential delays."""
+    return latest_arrival_s(1.0, members, fraction)
+
+
 def _percentile(sorted_values: list[float], fraction: float) -> float:
     position = fraction * (len(sorted_values) - 1)
     low = math.floor(position)
@@ -100,6 +114,7 @@ def replay_op_times_s(schedule: Schedule, rng: random.Random) -> tuple[list[floa
     # Per op: the part the concurrency stretches (bytes over the wire) and the rest.
     wire_s = [op_time_s(topology, op.dims, op.full_bytes) - op_time_s(topology, op.dims, 0.0) for op in ops]
     fixed_s = [op_time_s(topology, op.dims, op.full_bytes, op.phase) - wire_s[op.index] for op in ops]
+    group_npus = [group_size(topology, op.dims) for op in ops]
     position = {}
     for k, sequence in enumerate(schedule.sequences):
         for place, index in enumerate(sequence):
@@ -134,7 +149,7 @@ def replay_op_times_s(schedule: Schedule, rng: random.Random) -> tuple[list[floa
         others = sum(1 for k in range(topology.num_dims) if k not in op.dims and dim_busy_until[k] > start_s)
         duration_s = fixed_s[index] + wire_s[index] * (1 + overheads.concurrency_slowdown * others)
         if overheads.jitter_s:
-            duration_s += rng.expovariate(1.0 / overheads.jitter_s)
+            duration_s += latest_arrival_s(overheads.jitter_s, group_npus[index], rng.random())
         start_at_s[index] = start_s
         end_s[index] = start_s + duration_s
         done += 1

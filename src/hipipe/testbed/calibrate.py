@@ -51,9 +51,9 @@ def measure_in_process(
 
     With ``concurrent_window_s > 0`` a second pass times every dimension *while the
     others are busy too*, as in a pipelined schedule: each dimension repeats its op for
-    about that long, in its own thread; those samples replace the isolated ones. On a
-    host where the ranks share few cores, an op costs more when every dimension is
-    moving data, and a plan of many small ops feels that most.
+    about that long, in its own thread. Those samples are marked ``concurrent``; the
+    lines are fitted on the isolated ones and the concurrency slowdown on the difference
+    (:func:`hipipe.testbed.fit.fit_concurrency_slowdown`).
     """
     rings = [rings_for_layout(sizes, list(groups))[(k,)] for k in range(len(sizes))]
     samples: list[Sample] = []
@@ -78,8 +78,10 @@ def measure_in_process(
             per_dim = slowest_rank_s(_concurrently(rings, size_bytes, counts, timeout_s))
             for dim in range(len(sizes)):
                 rs_s, ag_s = per_dim[2 * dim : 2 * dim + 2]
-                concurrent += _samples(dim, size_bytes, (rs_s / counts[dim], ag_s / counts[dim]))
-    return concurrent
+                concurrent += _samples(
+                    dim, size_bytes, (rs_s / counts[dim], ag_s / counts[dim]), concurrent=True
+                )
+    return samples + concurrent
 
 
 def measure_overhead_in_process(
@@ -179,17 +181,23 @@ def share_from_rank0(make: Callable[[], str]) -> str:
     return str(shared[1])
 
 
-def _samples(dim: int, size_bytes: int, times: Sequence[float]) -> list[Sample]:
+def _samples(dim: int, size_bytes: int, times: Sequence[float], *, concurrent: bool = False) -> list[Sample]:
     full_bytes = max(1, size_bytes // 4) * 4
     return [
-        Sample(dim=dim, phase="RS", full_bytes=full_bytes, time_s=float(times[0])),
-        Sample(dim=dim, phase="AG", full_bytes=full_bytes, time_s=float(times[1])),
+        Sample(dim=dim, phase="RS", full_bytes=full_bytes, time_s=float(times[0]), concurrent=concurrent),
+        Sample(dim=dim, phase="AG", full_bytes=full_bytes, time_s=float(times[1]), concurrent=concurrent),
     ]
 
 
 def _time_rs_ag(ring: Any, size_bytes: int, count: int, timeout_s: float) -> tuple[float, float]:
-    """Run ``count`` RS then ``count`` AG on a float32 buffer; this rank's seconds of each."""
+    """Run ``count`` RS then ``count`` AG on a float32 buffer; this rank's seconds of each.
+
+    Each half starts right after a barrier of the ring's own group, so both see the same
+    start skew (a world barrier releases 8 ranks on 2 cores milliseconds apart, which
+    made small RSs, timed after it, look ~7 ms slower than the AGs timed after a ring one).
+    """
     tensor = torch.zeros(max(1, size_bytes // 4), dtype=torch.float32)
+    dist.barrier(group=ring.group)
     t0 = time.perf_counter()
     for _ in range(count):
         ring_reduce_scatter(tensor, ring, timeout_s=timeout_s)

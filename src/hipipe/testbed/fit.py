@@ -22,10 +22,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from hipipe.cost import op_time_s
+from hipipe.cost import group_size, op_time_s
 from hipipe.overheads import Overheads
 from hipipe.planners import plan
-from hipipe.predict import predicted_s
+from hipipe.predict import latest_arrival_quantile, predicted_s
 from hipipe.schedule import Schedule
 from hipipe.simulator import simulate_chunks
 from hipipe.testbed.layout import TestbedError
@@ -36,8 +36,13 @@ DEFAULT_CALIBRATION_SIZES_BYTES: tuple[int, ...] = (128 * 1024, 1024 * 1024, 4 *
 
 MIN_BANDWIDTH_BYTES_PER_S = 1.0
 
-CONCURRENT_WINDOW_S = 0.0
-"""How long each dimension repeats its op in the concurrent calibration pass."""
+CONCURRENT_WINDOW_S = 1.0
+"""How long each dimension repeats its op in the concurrent calibration pass (0: no pass,
+no concurrency term). One second per size and repeat: ~15 s on a 5-size calibration."""
+
+CONCURRENCY_SIZES = 2
+"""The largest sizes compare concurrent with isolated ops: their time is mostly wire time,
+which is what the slowdown stretches (small ops are noise-dominated)."""
 
 
 def calibration_sizes_bytes(
@@ -45,14 +50,16 @@ def calibration_sizes_bytes(
 ) -> tuple[int, ...]:
     """Sizes whose largest op takes about ``largest_op_s`` on the slowest dimension.
 
-    Four sizes a factor 4 apart (1/64 .. 1 of the largest), so both the constant and the
-    slope are seen; the largest is kept between 256 KiB and 8 MiB so a calibration
-    takes seconds at 10 Mbit/s and still sees megabytes at 1 Gbit/s.
+    Five sizes a factor 4 apart (1/256 .. 1 of the largest), so both the constant and the
+    slope are seen, down to the few-KiB pieces a 64-chunk plan's ops carry on its second
+    dim (the line's constant there is what many-op schedules pay most); the largest is
+    kept between 256 KiB and 8 MiB so a calibration takes seconds at 10 Mbit/s and still
+    sees megabytes at 1 Gbit/s.
     """
     slowest_bytes_per_s = min(rates_bits_per_s) / 8
     largest = int(min(8 * 2**20, max(256 * 1024, slowest_bytes_per_s * largest_op_s)))
     largest -= largest % 4096
-    return tuple(max(4096, largest // f - (largest // f) % 4096) for f in (64, 16, 4, 1))
+    return tuple(sorted({max(4096, largest // f - (largest // f) % 4096) for f in (256, 64, 16, 4, 1)}))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -65,6 +72,8 @@ class Sample:
     full_bytes: int
     """Per-rank buffer on the op's wide side (RS input, AG output)."""
     time_s: float
+    concurrent: bool = False
+    """Timed while every other dimension ran its own ops too (the concurrency pass)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -119,7 +128,7 @@ def fit_dim(dim: int, size: int, samples: Sequence[Sample]) -> DimFit:
     the minimum is the op's own cost. The typical extra cost inside real runs is
     measured separately, as the per-op overhead (:func:`fit_overheads`).
     """
-    mine = [s for s in samples if s.dim == dim]
+    mine = [s for s in samples if s.dim == dim and not s.concurrent]
     groups: dict[tuple[str, int], list[float]] = {}
     for sample in mine:
         groups.setdefault((sample.phase, sample.full_bytes), []).append(sample.time_s)
@@ -188,9 +197,6 @@ MIN_TRACE_SAMPLES = 5
 BISECTION_STEPS = 20
 """Halvings of [0, measured] when fitting the per-op cost: within 1e-6 of the measured time."""
 
-EXPONENTIAL_MAD = 0.4813
-"""Median absolute deviation of an exponential of mean 1 (solves e^-(ln2 - d) - e^-(ln2 + d) = 1/2)."""
-
 
 def overhead_schedule(fits: Sequence[DimFit], message_bytes: int) -> Schedule:
     """The schedule every rank runs to measure the overheads, planned once by the caller."""
@@ -210,20 +216,51 @@ class OverheadRun:
     """Rank 0's bandwidth for ``out = a + b`` (0: not measured)."""
 
 
-def fit_overheads(fits: Sequence[DimFit], run: OverheadRun) -> Overheads:
+def fit_concurrency_slowdown(fits: Sequence[DimFit], samples: Sequence[Sample]) -> float:
+    """Slowdown per other busy dim, from the concurrency pass against the isolated ops.
+
+    For each dim and each of its :data:`CONCURRENCY_SIZES` largest sizes: the median
+    concurrent time over the fastest isolated one, minus 1, over the wire share of the
+    isolated op and over ``D - 1`` (every other dim was busy). The median of those.
+    0 without a concurrency pass or with one dim.
+    """
+    if len(fits) < 2:
+        return 0.0
+    estimates = []
+    for fit in fits:
+        alone = [s for s in samples if s.dim == fit.dim and not s.concurrent]
+        busy = [s for s in samples if s.dim == fit.dim and s.concurrent]
+        for size in sorted({s.full_bytes for s in busy})[-CONCURRENCY_SIZES:]:
+            isolated = [s.time_s for s in alone if s.full_bytes == size]
+            concurrent = [s.time_s for s in busy if s.full_bytes == size]
+            if not isolated or not concurrent:
+                continue
+            wire_s = fit.predict_s(size) - fit.constant_s
+            stretch_s = statistics.median(concurrent) - min(isolated)
+            estimates.append(stretch_s / wire_s / (len(fits) - 1) if wire_s > 0 else 0.0)
+    return max(0.0, statistics.median(estimates)) if estimates else 0.0
+
+
+def fit_overheads(
+    fits: Sequence[DimFit], run: OverheadRun, *, concurrency_slowdown: float = 0.0
+) -> Overheads:
     """Every calibrated term from one pipelined run (docs/MODEL.md section 10).
 
     - memory bandwidth: measured directly;
     - hand-off: the median wait of an op whose dimension was already free when its
       chunk's previous op (on another dimension) ended;
-    - concurrency: how much longer, relative to the alpha-beta line, ops run when other
-      dimensions are busy at their start than when none is, per other busy dimension;
+    - concurrency: given (:func:`fit_concurrency_slowdown`, from the concurrency pass);
     - jitter: the mean of an exponential fitted (by its median absolute deviation) to
       what is left of those excesses;
     - per-op cost: last, by bisection, so that the predicted median (:mod:`hipipe.predict`,
       with all the above) equals the measured median. 0 if the run was not slower.
     """
-    base = calibrated_topology(fits, overheads=Overheads(memory_bytes_per_s=run.memory_bytes_per_s))
+    base = calibrated_topology(
+        fits,
+        overheads=Overheads(
+            memory_bytes_per_s=run.memory_bytes_per_s, concurrency_slowdown=concurrency_slowdown
+        ),
+    )
     schedule = replace(run.schedule, topology=base)
     measured_s = statistics.median(run.times_s)
     traced = len(run.op_times_s) == len(schedule.ops) and bool(schedule.ops)
@@ -236,8 +273,7 @@ def fit_overheads(fits: Sequence[DimFit], run: OverheadRun) -> Overheads:
         overheads = replace(overheads, op_s=_fit_op_s(schedule, overheads, measured_s))
         if traced:
             with_op = retime(schedule, replace(base, overheads=replace(overheads, jitter_s=0.0)))
-            concurrency, jitter_s = _fit_concurrency_and_jitter(with_op, run.op_times_s)
-            overheads = replace(overheads, concurrency_slowdown=concurrency, jitter_s=jitter_s)
+            overheads = replace(overheads, jitter_s=_fit_jitter_s(with_op, run.op_times_s))
     return replace(overheads, op_s=_fit_op_s(schedule, overheads, measured_s))
 
 
@@ -293,21 +329,18 @@ def _fit_handoff_s(schedule: Schedule, op_times_s: Sequence[tuple[float, float]]
     return statistics.median(waits) if len(waits) >= MIN_TRACE_SAMPLES else 0.0
 
 
-def _fit_concurrency_and_jitter(
-    schedule: Schedule, op_times_s: Sequence[tuple[float, float]]
-) -> tuple[float, float]:
-    """``(concurrency_slowdown, jitter_s)`` from rank 0's traced op durations.
+def _fit_jitter_s(schedule: Schedule, op_times_s: Sequence[tuple[float, float]]) -> float:
+    """The mean arrival delay from rank 0's traced op durations.
 
-    Each op's excess over the model (``schedule``'s topology: the lines, the per-op cost
-    and the reduction) is regressed on its wire time times the number of other dims busy
-    at its start: the slope is the slowdown per busy dim (the per-dimension lines were
-    measured alone, so they are the idle reference), the intercept absorbs what the
-    per-op cost got wrong. The jitter is the mean of the exponential whose median absolute
-    deviation is that of what is left (an exponential of mean m has MAD 0.4813 m): robust
-    to the rare op a descheduled rank stretches tenfold.
+    Each op's excess over the model (``schedule``'s topology: the lines, the per-op cost,
+    the reduction, the slowdown for the other dims busy at its start in the trace) is,
+    per group size n, spread like the latest of n arrivals: the mean delay whose
+    latest-of-n has that median absolute deviation (:func:`latest_arrival_mad`),
+    averaged over the ops. Robust to the rare op a descheduled rank stretches tenfold.
     """
     topology = schedule.topology
-    excess, load, model = [], [], []
+    slowdown = topology.overheads.concurrency_slowdown
+    left: dict[int, list[float]] = {}
     for op in schedule.ops:
         start_s, end_s = op_times_s[op.index]
         others = sum(
@@ -316,23 +349,41 @@ def _fit_concurrency_and_jitter(
             if k not in op.dims
             and any(op_times_s[i][0] <= start_s < op_times_s[i][1] for i in schedule.sequences[k])
         )
-        modelled_s = op_time_s(topology, op.dims, op.full_bytes, op.phase)
         wire_s = op_time_s(topology, op.dims, op.full_bytes) - op_time_s(topology, op.dims, 0.0)
-        excess.append(end_s - start_s - modelled_s)
-        load.append(wire_s * others)
-        model.append(modelled_s)
-    if len(excess) < MIN_TRACE_SAMPLES:
-        return 0.0, 0.0
-    concurrency = 0.0
-    if sum(1 for x in load if x > 0) >= MIN_TRACE_SAMPLES:
-        try:
-            _, slope = _ols(load, excess)
-        except TestbedError:
-            slope = 0.0  # every op ran with the same load: the slowdown cannot be told apart
-        concurrency = max(0.0, slope)
-    left = [e - concurrency * x for e, x in zip(excess, load, strict=True)]
-    center = statistics.median(left)
-    return concurrency, statistics.median(abs(e - center) for e in left) / EXPONENTIAL_MAD
+        modelled_s = op_time_s(topology, op.dims, op.full_bytes, op.phase) + slowdown * others * wire_s
+        left.setdefault(group_size(topology, op.dims), []).append(end_s - start_s - modelled_s)
+    estimates = [
+        (len(values), _mad(values) / latest_arrival_mad(n)) for n, values in left.items() if len(values) >= 2
+    ]
+    if sum(count for count, _ in estimates) < MIN_TRACE_SAMPLES:
+        return 0.0
+    return sum(count * mean for count, mean in estimates) / sum(count for count, _ in estimates)
+
+
+def _mad(values: Sequence[float]) -> float:
+    center = statistics.median(values)
+    return statistics.median(abs(v - center) for v in values)
+
+
+def latest_arrival_mad(members: int) -> float:
+    """Median absolute deviation of the latest of ``members`` unit-mean exponential delays.
+
+    Solved by bisection on ``F(m + d) - F(m - d) = 1/2`` with ``F(x) = (1 - e^-x)^n`` and
+    ``m`` the median (0.4813 for one member).
+    """
+
+    def cdf(x: float) -> float:
+        return (1 - math.exp(-x)) ** members if x > 0 else 0.0
+
+    median = latest_arrival_quantile(members, 0.5)
+    low, high = 0.0, 50.0
+    for _ in range(60):
+        middle = (low + high) / 2
+        if cdf(median + middle) - cdf(median - middle) < 0.5:
+            low = middle
+        else:
+            high = middle
+    return (low + high) / 2
 
 
 def _ols(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
@@ -380,11 +431,12 @@ def calibration_from_samples(
     samples' fits): passed in rather than re-planned, so the fit replays exactly what ran.
     """
     fits = fit_all(sizes, samples)
+    concurrency = fit_concurrency_slowdown(fits, samples)
     if overhead is None or not overhead.times_s:
-        return Calibration(fits=tuple(fits))
+        return Calibration(fits=tuple(fits), overheads=Overheads(concurrency_slowdown=concurrency))
     return Calibration(
         fits=tuple(fits),
-        overheads=fit_overheads(fits, overhead),
+        overheads=fit_overheads(fits, overhead, concurrency_slowdown=concurrency),
         overhead_message_bytes=overhead.schedule.message_bytes,
         overhead_times_s=tuple(overhead.times_s),
     )
