@@ -40,15 +40,15 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
     parser.add_argument(
         "--sizes",
         default=None,
-        help="per-rank op sizes to time (default: four sizes up to ~1 s on the slowest dimension;"
+        help="per-rank op sizes to time (default: five sizes, 1/256 to 1 of ~1 s on the slowest dimension;"
         f" under torchrun {','.join(format_size(s).replace(' ', '') for s in DEFAULT_CALIBRATION_SIZES_BYTES)})",
     )
     parser.add_argument(
         "--concurrent-s",
         type=float,
         default=CONCURRENT_WINDOW_S,
-        help="window of the pass that times every dimension while all are busy; 0: isolated only"
-        " (default: %(default)s)",
+        help="seconds per size of the pass that times every dimension while all are busy (the"
+        " concurrency slowdown); 0: isolated only, no slowdown (default: %(default)s)",
     )
     parser.add_argument(
         "--repeats", type=int, default=3, help="timed repeats per size (default: %(default)s)"
@@ -56,7 +56,8 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
     parser.add_argument(
         "--no-overhead",
         action="store_true",
-        help=f"skip the {OVERHEAD_PLANNER} run that measures the per-op overhead of pipelined execution",
+        help=f"skip the {OVERHEAD_PLANNER} run that measures the per-op cost, hand-off, jitter and memory"
+        " bandwidth (docs/MODEL.md section 10)",
     )
     parser.add_argument("-o", "--output", default="calibrated.yaml", help="topology YAML to write")
     parser.set_defaults(func=run)

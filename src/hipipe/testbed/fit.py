@@ -31,7 +31,13 @@ from hipipe.simulator import simulate_chunks
 from hipipe.testbed.layout import TestbedError
 from hipipe.topology import Algorithm, Dimension, Kind, Topology
 
-DEFAULT_CALIBRATION_SIZES_BYTES: tuple[int, ...] = (128 * 1024, 1024 * 1024, 4 * 1024 * 1024, 8 * 1024 * 1024)
+DEFAULT_CALIBRATION_SIZES_BYTES: tuple[int, ...] = (
+    32 * 1024,
+    128 * 1024,
+    1024 * 1024,
+    4 * 1024 * 1024,
+    8 * 1024 * 1024,
+)
 """Per-rank buffer sizes of the calibration ops: spans the chunk sizes plans use."""
 
 MIN_BANDWIDTH_BYTES_PER_S = 1.0
