@@ -32,7 +32,7 @@ from hipipe.testbed.layout import Layout, TestbedError
 from hipipe.testbed.protocol import RunKey, RunResult, ScheduleTask
 from hipipe.testbed.results import THEMIS, TORCH_NAME, TUNED_NAME, BenchConfig, BenchResult, BenchRow
 from hipipe.tuning.cache import Measurement, TunedEntry, TuningKey
-from testbed_host import root_skip_reason
+from testbed_host import root_skip_reason, unused_prefix
 
 MIB = 1 << 20
 SIZES = (2, 2)
@@ -329,12 +329,9 @@ def test_bench_tune_json_on_a_tiny_testbed(
         pytest.skip(reason)
     pytest.importorskip("torch", reason="the benchmark runs the executor")
     import hipipe.cli.bench as cli_bench
-    from hipipe.testbed.layout import new_prefix
 
     state_dir = tmp_path / "state"
-    prefix = new_prefix()
-    while netns.existing_netns(prefix):
-        prefix = new_prefix()
+    prefix = unused_prefix()
     monkeypatch.setattr(
         cli_bench,
         "run_bench",

@@ -44,7 +44,7 @@ from hipipe.testbed.layout import (
 )
 from hipipe.testbed.results import THEMIS, TORCH_NAME, BenchConfig, BenchResult, BenchRow
 from hipipe.testbed.shaping import HostCapabilities, KernelCapabilities, rank_tc_commands
-from testbed_host import root_skip_reason
+from testbed_host import root_skip_reason, unused_prefix
 
 
 def layout_2x4() -> Layout:
@@ -368,9 +368,7 @@ def test_testbed_rates_and_one_small_benchmark(tmp_path: Path) -> None:
     from hipipe.testbed.ratecheck import check_rates
 
     state_dir = tmp_path / "state"
-    prefix = new_prefix()
-    while netns.existing_netns(prefix):
-        prefix = new_prefix()
+    prefix = unused_prefix()
     rates = (40e6, 120e6)
     try:
         testbed = netns.up((2, 2), rates, prefix=prefix, state_dir=state_dir)

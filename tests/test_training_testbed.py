@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from hipipe.testbed import netns
-from hipipe.testbed.layout import TestbedError, new_prefix
-from testbed_host import root_skip_reason
+from hipipe.testbed.layout import TestbedError
+from testbed_host import root_skip_reason, unused_prefix
 
 pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.torch]
 
@@ -19,10 +19,7 @@ def prefix() -> str:
     if reason is not None:
         pytest.skip(reason)
     pytest.importorskip("torch", reason="training needs torch")
-    name = new_prefix()
-    while netns.existing_netns(name):
-        name = new_prefix()
-    return name
+    return unused_prefix()
 
 
 def test_fsdp_trains_the_same_under_torchrun_nodes(tmp_path: Path, prefix: str) -> None:

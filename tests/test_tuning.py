@@ -32,7 +32,7 @@ from hipipe.tuning import (
     write_entry,
 )
 from hipipe.tuning.candidates import best_chunk_counts, tuned_entry
-from testbed_host import root_skip_reason
+from testbed_host import root_skip_reason, unused_prefix
 
 SPEC = "switch:2:5MB/s:1ms,switch:2:15MB/s:1ms"
 MIB = 1 << 20
@@ -225,12 +225,9 @@ def test_hipipe_tune_on_a_tiny_testbed_keeps_the_measured_fastest(
         pytest.skip(reason)
     pytest.importorskip("torch", reason="tuning runs the executor")
     import hipipe.tuning.testbed as tuning_testbed
-    from hipipe.testbed.layout import new_prefix
 
     state_dir = tmp_path / "state"
-    prefix = new_prefix()
-    while netns.existing_netns(prefix):
-        prefix = new_prefix()
+    prefix = unused_prefix()
     # The CLI's own testbed, under this test's prefix and state dir so its removal can be checked.
     monkeypatch.setattr(
         tuning_testbed,

@@ -18,3 +18,14 @@ def root_skip_reason() -> str | None:
     if subprocess.run(["ip", "netns", "list"], capture_output=True, check=False).returncode != 0:
         return "`ip netns list` fails: no netns support"
     return None
+
+
+def unused_prefix() -> str:
+    """A fresh testbed prefix no namespace on this host carries: the test's own name space."""
+    from hipipe.testbed import netns
+    from hipipe.testbed.layout import new_prefix
+
+    prefix = new_prefix()
+    while netns.existing_netns(prefix):
+        prefix = new_prefix()
+    return prefix

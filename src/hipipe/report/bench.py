@@ -153,17 +153,7 @@ def _cell_to_dict(result: BenchResult, cell: CellFidelity) -> dict[str, Any]:
 def _tuning_to_dict(entry: TunedEntry) -> dict[str, Any]:
     return {
         "kept": entry.chosen,
-        "candidates": [
-            {
-                "name": m.name,
-                "planner": m.planner,
-                "num_chunks": m.num_chunks,
-                "predicted_s": m.predicted_s,
-                "times_s": list(m.times_s),
-                "median_s": m.median_s,
-            }
-            for m in entry.measurements
-        ],
+        "candidates": [m.to_dict() for m in entry.measurements],
     }
 
 

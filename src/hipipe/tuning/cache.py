@@ -90,6 +90,17 @@ class Measurement:
     def median_s(self) -> float:
         return statistics.median(self.times_s)
 
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON (the median included, for readers of the file)."""
+        return {
+            "name": self.name,
+            "planner": self.planner,
+            "num_chunks": self.num_chunks,
+            "predicted_s": self.predicted_s,
+            "times_s": list(self.times_s),
+            "median_s": self.median_s,
+        }
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TunedEntry:
@@ -117,17 +128,7 @@ def _entry_to_dict(entry: TunedEntry) -> dict[str, Any]:
         "source": entry.source,
         "warmup": entry.warmup,
         "chosen": entry.chosen,
-        "measurements": [
-            {
-                "name": m.name,
-                "planner": m.planner,
-                "num_chunks": m.num_chunks,
-                "predicted_s": m.predicted_s,
-                "times_s": list(m.times_s),
-                "median_s": m.median_s,
-            }
-            for m in entry.measurements
-        ],
+        "measurements": [m.to_dict() for m in entry.measurements],
         "schedule": schedule_to_dict(entry.schedule),
     }
 
