@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from hipipe.bounds import OrderMix, half_chain_scale
-from hipipe.planners.hipipe.sequencing import BASIC_RULES, Rule, list_schedule, longest_path_s
+from hipipe.planners.hipipe.sequencing import BASIC_RULES, NESTED_RULES, Rule, list_schedule, longest_path_s
 from hipipe.planners.hipipe.sizing import SizingModel
 from hipipe.planners.hipipe.structure import Order, Structure, op_table, without_chunks
 from hipipe.schedule import Collective
@@ -23,10 +23,10 @@ CHUNK_LADDER: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 """Numbers of chunks tried, in order: about x1.4 apart, so the best is never far off."""
 
 ALL_RULES_MAX_CHUNKS = 8
+"""Up to this K, the first sequences come from every list-scheduling rule (LPs are cheap)."""
 
 NESTED_MAX_CHUNKS = 4
-"""The nested rule is tried up to this K: the optima it matches have one chunk per dim."""
-"""Up to this K, the first sequences come from every list-scheduling rule (LPs are cheap)."""
+"""The nested rules are tried up to this K: the optima they match have a few chunks."""
 
 PLAN_BUDGET = 12_000
 """The plan-time budget, in op-LPs (one LP over n ops counts n), for the whole plan.
@@ -249,7 +249,7 @@ def candidate_for(
     durations = table.durations_s(np.full(num_chunks, message_bytes / num_chunks))
     rules = tuple(Rule) if num_chunks <= ALL_RULES_MAX_CHUNKS else BASIC_RULES
     if num_chunks > NESTED_MAX_CHUNKS:
-        rules = tuple(rule for rule in rules if rule is not Rule.NESTED)
+        rules = tuple(rule for rule in rules if rule not in NESTED_RULES)
     sequences = list(dict.fromkeys(list_schedule(table, durations, rule) for rule in rules))
     return optimize_structure(
         topology,

@@ -28,7 +28,7 @@ from hipipe.planners.hipipe.candidates import (
     time_unit_s,
 )
 from hipipe.planners.hipipe.families import families
-from hipipe.planners.hipipe.local_search import climb_orders, swap_critical_pairs
+from hipipe.planners.hipipe.local_search import climb_orders, nested_descent, swap_critical_pairs
 from hipipe.planners.hipipe.seeds import improve_with_seeds
 from hipipe.planners.hipipe.splitting import refine_by_splitting
 from hipipe.topology import Topology
@@ -166,6 +166,23 @@ def _swap_polish(
     return polished
 
 
+def _nest_polish(
+    topology: Topology, message_bytes: int, best: Candidate, *, unit_s: float, log: SearchLog
+) -> Candidate:
+    """``best`` after :func:`nested_descent`, logged when it changed anything."""
+    nested = nested_descent(topology, message_bytes, best, unit_s=unit_s, log=log)
+    if nested is not best:
+        log.tried.append(
+            Trial(
+                num_chunks=best.structure.num_chunks,
+                kept_chunks=nested.structure.num_chunks,
+                source="nest",
+                makespan_s=nested.makespan_s,
+            )
+        )
+    return nested
+
+
 def search(
     topology: Topology,
     message_bytes: int,
@@ -233,7 +250,8 @@ def search(
             climbed = climb_orders(
                 topology, message_bytes, contender, options=options, unit_s=unit_s, log=log
             )
-            finished.append(_swap_polish(topology, message_bytes, climbed, unit_s=unit_s, log=log))
+            polished = _swap_polish(topology, message_bytes, climbed, unit_s=unit_s, log=log)
+            finished.append(_nest_polish(topology, message_bytes, polished, unit_s=unit_s, log=log))
         best = min(finished, key=lambda c: c.makespan_s)
     if best is not None and options.climb and options.searches_chunks:
         refined = refine_by_splitting(
