@@ -220,6 +220,9 @@ def nested_descent(
         or structure.chain_length != 2 * len(structure.sequences)
     ):
         return start
+    floor_s = chunked_bound_s(topology, message_bytes, structure.num_chunks, collective=structure.collective)
+    if start.makespan_s <= floor_s * (1 + NEAR_FLOOR):
+        return start  # no sequence can gain more than NEAR_FLOOR with this many chunks
     model = SizingModel(
         topology, message_bytes, structure.orders, collective=structure.collective, time_unit_s=unit_s
     )

@@ -18,6 +18,7 @@ from dataclasses import replace
 from hipipe.bounds import OrderMix, chunked_bound_s, order_loads
 from hipipe.errors import SolverError
 from hipipe.planners.hipipe.candidates import (
+    IMPROVEMENT,
     LADDER_SHARE,
     Candidate,
     SearchLog,
@@ -77,6 +78,10 @@ def _best_for_chunks(
     best_here: Candidate | None = None
     rounds = options.max_rounds if num_chunks <= FULL_ROUNDS_MAX_CHUNKS else 0
     results: dict[str, float] = {}
+    # No schedule with this many chunks beats the chunked latency floor: once a family
+    # reaches it with all its chunks, the others cannot do better with as many (switch-3d-512
+    # and tpu-2d: the mix does at K = 3); plans with fewer chunks are the smaller Ks' business.
+    floor_s = chunked_bound_s(topology, message_bytes, num_chunks, collective=options.collective)
     for source, orders in families(
         topology,
         message_bytes,
@@ -114,6 +119,12 @@ def _best_for_chunks(
             pool.append(candidate)
         if better(best_here, candidate):
             best_here = candidate
+        if (
+            best_here is not None
+            and best_here.structure.num_chunks == num_chunks
+            and best_here.makespan_s <= floor_s * (1 + IMPROVEMENT)
+        ):
+            break  # (a plan that dropped chunks is not held to this K's floor: fewer latencies)
     if best_here is not None:
         for source, makespan_s in results.items():
             behind = makespan_s > best_here.makespan_s * (1 + RETIRE_MARGIN)
