@@ -243,11 +243,15 @@ def candidate_for(
     options: SearchOptions,
     unit_s: float,
     log: SearchLog,
+    rules: tuple[Rule, ...] | None = None,
 ) -> Candidate:
+    """The best candidate for these orders: list-scheduled sequences (every rule up to
+    ALL_RULES_MAX_CHUNKS, else the basic ones; or ``rules``), LP sizes, re-sequencing rounds."""
     num_chunks = len(orders)
     table = op_table(topology, orders, options.collective)
     durations = table.durations_s(np.full(num_chunks, message_bytes / num_chunks))
-    rules = tuple(Rule) if num_chunks <= ALL_RULES_MAX_CHUNKS else BASIC_RULES
+    if rules is None:
+        rules = tuple(Rule) if num_chunks <= ALL_RULES_MAX_CHUNKS else BASIC_RULES
     if num_chunks > NESTED_MAX_CHUNKS:
         rules = tuple(rule for rule in rules if rule not in NESTED_RULES)
     sequences = list(dict.fromkeys(list_schedule(table, durations, rule) for rule in rules))

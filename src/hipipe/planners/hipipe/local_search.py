@@ -25,7 +25,7 @@ from hipipe.planners.hipipe.candidates import (
     better,
     candidate_for,
 )
-from hipipe.planners.hipipe.sequencing import Deadlock, longest_path_s
+from hipipe.planners.hipipe.sequencing import Deadlock, Rule, longest_path_s
 from hipipe.planners.hipipe.sizing import SizingModel
 from hipipe.planners.hipipe.structure import OpTable, Structure
 from hipipe.topology import Topology
@@ -38,6 +38,11 @@ MAX_ORDERS = 24
 
 NEAR_FLOOR = 0.002
 """A plan within this of the chunked latency floor for its K is not climbed."""
+
+CLIMB_RULES: tuple[Rule, ...] = (Rule.FIFO, Rule.TAIL, Rule.NESTED, Rule.NESTED_TAIL)
+"""Sequencing rules of a climb trial: the basic two and the nested ones (what the proven
+optima look like); ag-first and shortest rarely win on their own, and a climb makes
+dozens of trials."""
 
 SWAP_TRIALS = 40
 """Warm LP re-solves the sequence polish may spend."""
@@ -87,7 +92,14 @@ def climb_orders(
                 continue
             tried.add(trial)
             candidate = candidate_for(
-                topology, message_bytes, "climb", trial, options=quick, unit_s=unit_s, log=log
+                topology,
+                message_bytes,
+                "climb",
+                trial,
+                options=quick,
+                unit_s=unit_s,
+                log=log,
+                rules=CLIMB_RULES,
             )
             if better(best, candidate):
                 best, improved = candidate, True
