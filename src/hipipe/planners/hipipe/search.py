@@ -208,7 +208,7 @@ where it is cheap; above, a forced K is planned with K chunks alone."""
 
 SETTLE_MARGIN = 0.05
 """The search settles a small K only when that K's best before the local search is within
-this of the ladder's best (relative)."""
+this of the best so far (relative; the ladder's best after its own local search)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -478,25 +478,24 @@ def _search_ladder(
             )
             if candidate is not None and better(best, candidate):
                 best = candidate
-    # Settle the small Ks that could matter: a step far behind the ladder's best stays there
-    # after the local search (it moves few-chunk plans by a few percent).
-    steps = [
-        step
-        for step in steps
-        if best is not None
-        and step.best is not None
-        and step.best.makespan_s <= best.makespan_s * (1 + SETTLE_MARGIN)
-    ]
-    settled = [_settle(topology, message_bytes, step, options=options, unit_s=unit_s)[0] for step in steps]
+    finished: Candidate | None = None
     if best is not None and options.climb:
-        settled_ids = {id(c) for step in steps for c in step.pool}
-        contenders = [c for c in [best, *_runner_up(pool, best)] if id(c) not in settled_ids]
-        finished = (
-            _finish(topology, message_bytes, contenders, options=options, unit_s=unit_s, log=log)
-            if contenders
-            else None
-        )
-        best = _fastest([*settled, finished]) if steps else finished
+        small_ids = {id(c) for step in steps for c in step.pool}
+        contenders = [c for c in [best, *_runner_up(pool, best)] if id(c) not in small_ids]
+        if contenders:
+            finished = _finish(topology, message_bytes, contenders, options=options, unit_s=unit_s, log=log)
+    # Then settle the small Ks that could matter: a K far behind the best so far stays behind
+    # after the local search (it moves few-chunk plans by a few percent).
+    reference = _fastest([best, finished])
+    settled = [
+        _settle(topology, message_bytes, step, options=options, unit_s=unit_s)[0]
+        for step in steps
+        if reference is not None
+        and step.best is not None
+        and step.best.makespan_s <= reference.makespan_s * (1 + SETTLE_MARGIN)
+    ]
+    if options.climb:
+        best = _fastest([*settled, finished]) or best
     if options.forced_chunks is not None and options.climb:
         # A forced K above AT_MOST_MAX_CHUNKS: never worse than a forced AT_MOST_MAX_CHUNKS.
         best = _fastest(
