@@ -296,15 +296,18 @@ def _settle(
     return best, baselines
 
 
-def _absorb(log: SearchLog, step: _Step) -> None:
-    """Add what the step's log recorded since the last call to the plan's log."""
+def _absorb(log: SearchLog, step: _Step, *, work: bool = True) -> None:
+    """Add what the step's log recorded since the last call to the plan's log: its trials,
+    and (with ``work``) its LP solves, iterations and work."""
     own = step.log
-    trials, solves, iterations, work = step.absorbed
+    trials, solves, iterations, spent = step.absorbed
     log.tried.extend(own.tried[trials:])
-    log.lp_solves += own.lp_solves - solves
-    log.simplex_iterations += own.simplex_iterations - iterations
-    log.lp_work += own.lp_work - work
-    step.absorbed = (len(own.tried), own.lp_solves, own.simplex_iterations, own.lp_work)
+    if work:
+        log.lp_solves += own.lp_solves - solves
+        log.simplex_iterations += own.simplex_iterations - iterations
+        log.lp_work += own.lp_work - spent
+        solves, iterations, spent = own.lp_solves, own.simplex_iterations, own.lp_work
+    step.absorbed = (len(own.tried), solves, iterations, spent)
 
 
 def _fastest(candidates: list[Candidate | None]) -> Candidate | None:
@@ -446,7 +449,9 @@ def _search_ladder(
             )
             steps.append(step)
             pool.extend(step.pool)
-            _absorb(log, step)  # the ladder's part of its work; the settling part comes later
+            # Its trials now; its LP work at the end, with the settling: the larger Ks keep
+            # the ladder's budget they had before small Ks ran every family.
+            _absorb(log, step, work=False)
             best_here = step.best
         else:
             best_here = _best_for_chunks(
@@ -525,5 +530,5 @@ def _search_ladder(
             topology, message_bytes, best, options.forced_chunks, options=options, unit_s=unit_s, log=log
         )
     for step in steps:
-        _absorb(log, step)  # the settling work
+        _absorb(log, step)  # the LP work of the small Ks, settling included
     return best, baselines
