@@ -18,6 +18,7 @@ from hipipe.bounds import chunked_bound_s
 from hipipe.planners.hipipe.candidates import (
     CLIMB_SHARE,
     CLIMB_STEP_SHARE,
+    IMPROVEMENT,
     Candidate,
     SearchLog,
     SearchOptions,
@@ -136,8 +137,8 @@ def swap_critical_pairs(
     if start.lp_makespan_s is None or len(orders) * start.structure.chain_length > SWAP_MAX_OPS:
         return start
     floor_s = chunked_bound_s(topology, message_bytes, len(orders), collective=collective)
-    if start.makespan_s <= floor_s * (1 + NEAR_FLOOR):
-        return start  # no swap can gain more than NEAR_FLOOR with this many chunks
+    if start.makespan_s <= floor_s * (1 + IMPROVEMENT):
+        return start  # at the floor: nothing to gain with this many chunks
     model = SizingModel(topology, message_bytes, orders, collective=collective, time_unit_s=unit_s)
     table = model.table
     best = start
