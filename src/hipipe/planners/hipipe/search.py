@@ -5,8 +5,11 @@ its best candidate (:mod:`.candidates`: list-scheduled sequences, LP sizes, re-s
 rounds, empty chunks dropped). The ladder stops when K stops improving, when the chunked
 latency floor (:func:`hipipe.bounds.chunked_bound_s`) says no larger K can win, or when
 the plan-time budget is spent; a K = 32 probe then lets the LP pick which chunks to keep,
-a few-chunk winner is polished by local search over its orders, and binding sequence
-pairs are swapped (warm LP re-solves; :mod:`.local_search`); unless K is forced, the best
+a few-chunk winner is polished by local search over its orders, binding sequence pairs are
+swapped (warm LP re-solves) and per-dim sequences nested (:mod:`.local_search`). Every
+K <= AT_MOST_MAX_CHUNKS is run in a log of its own and, when close to the best, *settled*
+exactly as a forced K is (:func:`_settle`): the search is never worse than those forced Ks,
+and a forced K <= AT_MOST_MAX_CHUNKS means "at most K chunks". Unless K is forced, the best
 plan's chunks are then split while that helps (:mod:`.splitting`: the ramp that Ks built
 from scratch cannot have), and a split plan's binding pairs are swapped again.
 Last, the baselines' own structures are re-sized where they would still win
