@@ -18,6 +18,9 @@ ROTATIONS_MAX_CHUNKS = 4
 """Rotated orders are tried up to this K: what they fix (dims idle while the first chunks
 fill the pipeline) weighs most when there are few chunks."""
 
+FEW_CHUNK_FAMILIES: frozenset[str] = frozenset({"rotations"})
+"""Families tried at few chunks only (the search does not measure the others against them)."""
+
 
 def fastest_first(topology: Topology) -> Order:
     """The order that makes one chunk's chain shortest: dims by descending bandwidth.

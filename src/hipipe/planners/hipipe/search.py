@@ -31,7 +31,7 @@ from hipipe.planners.hipipe.candidates import (
     candidate_for,
     time_unit_s,
 )
-from hipipe.planners.hipipe.families import families
+from hipipe.planners.hipipe.families import FEW_CHUNK_FAMILIES, families
 from hipipe.planners.hipipe.local_search import climb_orders, nested_descent, swap_critical_pairs
 from hipipe.planners.hipipe.seeds import improve_with_seeds
 from hipipe.planners.hipipe.splitting import refine_by_splitting
@@ -132,9 +132,14 @@ def _best_for_chunks(
             and best_here.makespan_s <= floor_s * (1 + IMPROVEMENT)
         ):
             break  # (a plan that dropped chunks is not held to this K's floor: fewer latencies)
-    if best_here is not None:
+    # The yardstick for retirement is the best of the families that go on to larger K: a
+    # family tried at few chunks only (the rotations) must not retire the others (on libra-4d
+    # at 1 GiB, ReduceScatter, it retired greedy at K = 4, the family that wins at K = 8).
+    lasting = [m for source, m in results.items() if source not in FEW_CHUNK_FAMILIES]
+    if lasting:
+        yardstick_s = min(lasting)
         for source, makespan_s in results.items():
-            behind = makespan_s > best_here.makespan_s * (1 + RETIRE_MARGIN)
+            behind = makespan_s > yardstick_s * (1 + RETIRE_MARGIN)
             strikes.strikes[source] = strikes.strikes.get(source, 0) + 1 if behind else 0
             if strikes.strikes[source] >= RETIRE_STRIKES and source != "mix":
                 strikes.retired.add(source)
