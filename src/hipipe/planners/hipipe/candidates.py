@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from hipipe.bounds import OrderMix, half_chain_scale
+from hipipe.bounds import OrderMix, chunked_bound_s, half_chain_scale
 from hipipe.planners.hipipe.sequencing import BASIC_RULES, NESTED_RULES, Rule, list_schedule, longest_path_s
 from hipipe.planners.hipipe.sizing import SizingModel
 from hipipe.planners.hipipe.structure import Order, Structure, op_table, without_chunks
@@ -142,6 +142,20 @@ class SearchLog:
     """Per order family, how many Ks in a row it trailed that K's best by RETIRE_MARGIN."""
     retired: set[str] = field(default_factory=set)
     """Families no longer tried at larger K (the mix never retires)."""
+    floors: dict[int, float] = field(default_factory=dict)
+    """The plan's chunked latency floors by K (one LP each; shared with the logs of its
+    steps): every stage asks for them, often for the same K."""
+
+    def floor_s(
+        self, topology: Topology, message_bytes: float, num_chunks: int, collective: Collective
+    ) -> float:
+        """:func:`hipipe.bounds.chunked_bound_s` for this plan (same topology, message and
+        collective on every call), computed once per K."""
+        if num_chunks not in self.floors:
+            self.floors[num_chunks] = chunked_bound_s(
+                topology, message_bytes, num_chunks, collective=collective
+            )
+        return self.floors[num_chunks]
 
     def record(self, num_ops: int, iterations: int) -> None:
         self.lp_solves += 1

@@ -14,7 +14,6 @@ re-solves warm (libra-3d 1 GiB, libra-4d 4 GiB: +1.6%).
 import itertools
 from dataclasses import replace
 
-from hipipe.bounds import chunked_bound_s
 from hipipe.planners.hipipe.candidates import (
     CLIMB_SHARE,
     CLIMB_STEP_SHARE,
@@ -72,9 +71,7 @@ def climb_orders(
     orders_all = list(itertools.permutations(range(topology.num_dims)))
     if start.structure.num_chunks > MAX_CHUNKS or len(orders_all) > MAX_ORDERS:
         return start
-    floor_s = chunked_bound_s(
-        topology, message_bytes, start.structure.num_chunks, collective=options.collective
-    )
+    floor_s = log.floor_s(topology, message_bytes, start.structure.num_chunks, options.collective)
     if start.makespan_s <= floor_s * (1 + NEAR_FLOOR):
         return start  # no order change can gain more than NEAR_FLOOR at this K
     quick = replace(options, max_rounds=1)
@@ -136,7 +133,7 @@ def swap_critical_pairs(
     collective = start.structure.collective
     if start.lp_makespan_s is None or len(orders) * start.structure.chain_length > SWAP_MAX_OPS:
         return start
-    floor_s = chunked_bound_s(topology, message_bytes, len(orders), collective=collective)
+    floor_s = log.floor_s(topology, message_bytes, len(orders), collective)
     if start.makespan_s <= floor_s * (1 + IMPROVEMENT):
         return start  # at the floor: nothing to gain with this many chunks
     model = SizingModel(topology, message_bytes, orders, collective=collective, time_unit_s=unit_s)
@@ -236,7 +233,7 @@ def nested_descent(
         or structure.chain_length != 2 * len(structure.sequences)
     ):
         return start
-    floor_s = chunked_bound_s(topology, message_bytes, structure.num_chunks, collective=structure.collective)
+    floor_s = log.floor_s(topology, message_bytes, structure.num_chunks, structure.collective)
     if start.makespan_s <= floor_s * (1 + NEAR_FLOOR):
         return start  # no sequence can gain more than NEAR_FLOOR with this many chunks
     model = SizingModel(

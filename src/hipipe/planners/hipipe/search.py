@@ -18,7 +18,7 @@ Last, the baselines' own structures are re-sized where they would still win
 
 from dataclasses import dataclass, replace
 
-from hipipe.bounds import OrderMix, chunked_bound_s, order_loads
+from hipipe.bounds import OrderMix
 from hipipe.errors import SolverError
 from hipipe.planners.hipipe.candidates import (
     IMPROVEMENT,
@@ -88,7 +88,7 @@ def _best_for_chunks(
     # No schedule with this many chunks beats the chunked latency floor: once a family
     # reaches it with all its chunks, the others cannot do better with as many (switch-3d-512
     # and tpu-2d: the mix does at K = 3); plans with fewer chunks are the smaller Ks' business.
-    floor_s = chunked_bound_s(topology, message_bytes, num_chunks, collective=options.collective)
+    floor_s = log.floor_s(topology, message_bytes, num_chunks, options.collective)
     for source, orders in families(
         topology,
         message_bytes,
@@ -247,10 +247,12 @@ def _small_step(
     options: SearchOptions,
     unit_s: float,
     strikes: SearchLog | None,
+    floors: dict[int, float],
 ) -> _Step:
-    """Every family at ``num_chunks`` (none retired) in a fresh log; their results count
-    towards retirement at larger K in ``strikes`` (the plan's log; None: nowhere)."""
-    log = SearchLog(budget=options.lp_work_budget)
+    """Every family at ``num_chunks`` (none retired) in a fresh log (sharing the plan's
+    ``floors``); their results count towards retirement at larger K in ``strikes`` (the
+    plan's log; None: nowhere)."""
+    log = SearchLog(budget=options.lp_work_budget, floors=floors)
     log.allow(LADDER_SHARE)
     pool: list[Candidate] = []
     best = _best_for_chunks(
@@ -345,7 +347,9 @@ def _at_most(
 ) -> list[Candidate | None]:
     """The settled plans of every K' <= ``num_chunks`` (and <= AT_MOST_MAX_CHUNKS)."""
     settled: list[Candidate | None] = []
-    for step in _small_steps(topology, message_bytes, mix, num_chunks, options=options, unit_s=unit_s):
+    for step in _small_steps(
+        topology, message_bytes, mix, num_chunks, options=options, unit_s=unit_s, log=log
+    ):
         settled.append(_settle(topology, message_bytes, step, options=options, unit_s=unit_s)[0])
         _absorb(log, step)
     return settled
@@ -359,17 +363,20 @@ def _small_steps(
     *,
     options: SearchOptions,
     unit_s: float,
+    log: SearchLog,
 ) -> list[_Step]:
     """The steps of K' = 1 .. min(K, AT_MOST_MAX_CHUNKS), up to the first K' whose latency
     floor is not below the best so far (where the search's ladder stops too)."""
     steps: list[_Step] = []
     best: Candidate | None = None
     for k in range(1, min(num_chunks, AT_MOST_MAX_CHUNKS) + 1):
-        floor_s = chunked_bound_s(topology, message_bytes, k, collective=options.collective)
+        floor_s = log.floor_s(topology, message_bytes, k, options.collective)
         if best is not None and floor_s >= best.makespan_s:
             steps[-1].log.tried.append(Trial(num_chunks=k, pruned="latency floor above the best"))
             break
-        step = _small_step(topology, message_bytes, mix, k, options=options, unit_s=unit_s, strikes=None)
+        step = _small_step(
+            topology, message_bytes, mix, k, options=options, unit_s=unit_s, strikes=None, floors=log.floors
+        )
         steps.append(step)
         if step.best is not None and better(best, step.best):
             best = step.best
@@ -389,7 +396,7 @@ def search(
     forced = options.forced_chunks
     if forced is not None and options.climb and forced <= AT_MOST_MAX_CHUNKS:
         # At most K chunks: the fastest settled plan of any K' <= K.
-        steps = _small_steps(topology, message_bytes, mix, forced, options=options, unit_s=unit_s)
+        steps = _small_steps(topology, message_bytes, mix, forced, options=options, unit_s=unit_s, log=log)
         settled = [_settle(topology, message_bytes, step, options=options, unit_s=unit_s) for step in steps]
         for step in steps:
             _absorb(log, step)
@@ -432,7 +439,6 @@ def _search_ladder(
     settles = options.searches_chunks and options.climb
     misses = 0
     tried: set[int] = set()
-    loads = order_loads(topology)
     log.allow(LADDER_SHARE)
     for num_chunks in options.ladder:
         small = settles and num_chunks <= AT_MOST_MAX_CHUNKS
@@ -441,7 +447,7 @@ def _search_ladder(
         if small and best is not None:
             # No K-chunk plan beats T_K; plans with fewer chunks are the smaller Ks'. A forced
             # K prunes alike (:func:`_small_steps`), so both settle the same Ks.
-            floor_s = chunked_bound_s(topology, message_bytes, num_chunks, loads=loads, collective=collective)
+            floor_s = log.floor_s(topology, message_bytes, num_chunks, collective)
             if floor_s >= best.makespan_s:
                 log.tried.append(Trial(num_chunks=num_chunks, pruned="latency floor above the best"))
                 break
@@ -451,7 +457,7 @@ def _search_ladder(
         elif (
             not small
             and best is not None
-            and chunked_bound_s(topology, message_bytes, num_chunks, loads=loads, collective=collective)
+            and log.floor_s(topology, message_bytes, num_chunks, collective)
             >= best.makespan_s * (1 - FLOOR_SLACK)
         ):
             log.tried.append(Trial(num_chunks=num_chunks, pruned="latency floor within 0.1% of best"))
@@ -459,7 +465,14 @@ def _search_ladder(
         tried.add(num_chunks)
         if small:
             step = _small_step(
-                topology, message_bytes, mix, num_chunks, options=options, unit_s=unit_s, strikes=log
+                topology,
+                message_bytes,
+                mix,
+                num_chunks,
+                options=options,
+                unit_s=unit_s,
+                strikes=log,
+                floors=log.floors,
             )
             steps.append(step)
             pool.extend(step.pool)
