@@ -178,6 +178,9 @@ def test_forced_chunk_number_is_respected_and_explained():
     candidates = schedule.info["candidates"]
     assert [c["num_chunks"] for c in candidates if c.get("source") == "mix"] == [1, 2, 3]
     assert [c["num_chunks"] for c in candidates if "pruned" in c] == [4]
+    # The baselines it reports are those at the K asked for, run or not.
+    pipelined = plan(topology, GIB, "pipelined", num_chunks=4)
+    assert schedule.info["baselines_makespan_s"]["pipelined"] == pipelined.makespan_s
     text = explain(schedule)
     for needle in ("K =", "order mix", "LP", "simulated", "T* =", "T_mix ="):
         assert needle in text

@@ -33,7 +33,7 @@ from hipipe.planners.hipipe.candidates import (
 )
 from hipipe.planners.hipipe.families import FEW_CHUNK_FAMILIES, families
 from hipipe.planners.hipipe.local_search import climb_orders, nested_descent, swap_critical_pairs
-from hipipe.planners.hipipe.seeds import improve_with_seeds
+from hipipe.planners.hipipe.seeds import baseline_seeds, improve_with_seeds
 from hipipe.planners.hipipe.splitting import refine_by_splitting
 from hipipe.topology import Topology
 
@@ -400,7 +400,12 @@ def search(
         settled = [_settle(topology, message_bytes, step, options=options, unit_s=unit_s) for step in steps]
         for step in steps:
             _absorb(log, step)
-        return _checked(_fastest([c for c, _ in settled]), log), settled[-1][1]
+        baselines = settled[-1][1]
+        if options.baseline_seeds and steps[-1].num_chunks != forced:
+            # K itself was not run (its floor is above the best): report the baselines at K.
+            seeds = baseline_seeds(topology, message_bytes, forced, options.collective)
+            baselines = {seed.structure.source: seed.makespan_s for seed in seeds}
+        return _checked(_fastest([c for c, _ in settled]), log), baselines
     best, baselines = _search_ladder(topology, message_bytes, mix, options=options, unit_s=unit_s, log=log)
     return _checked(best, log), baselines
 
