@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from hipipe.bounds import OrderMix, half_chain_scale
-from hipipe.planners.hipipe.sequencing import BASIC_RULES, Rule, list_schedule, longest_path_s
+from hipipe.bounds import OrderMix, chunked_bound_s, half_chain_scale
+from hipipe.planners.hipipe.sequencing import BASIC_RULES, NESTED_RULES, Rule, list_schedule, longest_path_s
 from hipipe.planners.hipipe.sizing import SizingModel
 from hipipe.planners.hipipe.structure import Order, Structure, op_table, without_chunks
 from hipipe.schedule import Collective
@@ -23,10 +23,10 @@ CHUNK_LADDER: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 """Numbers of chunks tried, in order: about x1.4 apart, so the best is never far off."""
 
 ALL_RULES_MAX_CHUNKS = 8
+"""Up to this K, the first sequences come from every list-scheduling rule (LPs are cheap)."""
 
 NESTED_MAX_CHUNKS = 4
-"""The nested rule is tried up to this K: the optima it matches have one chunk per dim."""
-"""Up to this K, the first sequences come from every list-scheduling rule (LPs are cheap)."""
+"""The nested rules are tried up to this K: the optima they match have a few chunks."""
 
 PLAN_BUDGET = 12_000
 """The plan-time budget, in op-LPs (one LP over n ops counts n), for the whole plan.
@@ -142,6 +142,20 @@ class SearchLog:
     """Per order family, how many Ks in a row it trailed that K's best by RETIRE_MARGIN."""
     retired: set[str] = field(default_factory=set)
     """Families no longer tried at larger K (the mix never retires)."""
+    floors: dict[int, float] = field(default_factory=dict)
+    """The plan's chunked latency floors by K (one LP each; shared with the logs of its
+    steps): every stage asks for them, often for the same K."""
+
+    def floor_s(
+        self, topology: Topology, message_bytes: float, num_chunks: int, collective: Collective
+    ) -> float:
+        """:func:`hipipe.bounds.chunked_bound_s` for this plan (same topology, message and
+        collective on every call), computed once per K."""
+        if num_chunks not in self.floors:
+            self.floors[num_chunks] = chunked_bound_s(
+                topology, message_bytes, num_chunks, collective=collective
+            )
+        return self.floors[num_chunks]
 
     def record(self, num_ops: int, iterations: int) -> None:
         self.lp_solves += 1
@@ -243,13 +257,17 @@ def candidate_for(
     options: SearchOptions,
     unit_s: float,
     log: SearchLog,
+    rules: tuple[Rule, ...] | None = None,
 ) -> Candidate:
+    """The best candidate for these orders: list-scheduled sequences (every rule up to
+    ALL_RULES_MAX_CHUNKS, else the basic ones; or ``rules``), LP sizes, re-sequencing rounds."""
     num_chunks = len(orders)
     table = op_table(topology, orders, options.collective)
     durations = table.durations_s(np.full(num_chunks, message_bytes / num_chunks))
-    rules = tuple(Rule) if num_chunks <= ALL_RULES_MAX_CHUNKS else BASIC_RULES
+    if rules is None:
+        rules = tuple(Rule) if num_chunks <= ALL_RULES_MAX_CHUNKS else BASIC_RULES
     if num_chunks > NESTED_MAX_CHUNKS:
-        rules = tuple(rule for rule in rules if rule is not Rule.NESTED)
+        rules = tuple(rule for rule in rules if rule not in NESTED_RULES)
     sequences = list(dict.fromkeys(list_schedule(table, durations, rule) for rule in rules))
     return optimize_structure(
         topology,

@@ -5,19 +5,23 @@ its best candidate (:mod:`.candidates`: list-scheduled sequences, LP sizes, re-s
 rounds, empty chunks dropped). The ladder stops when K stops improving, when the chunked
 latency floor (:func:`hipipe.bounds.chunked_bound_s`) says no larger K can win, or when
 the plan-time budget is spent; a K = 32 probe then lets the LP pick which chunks to keep,
-a few-chunk winner is polished by local search over its orders, and binding sequence
-pairs are swapped (warm LP re-solves; :mod:`.local_search`); unless K is forced, the best
+a few-chunk winner is polished by local search over its orders, binding sequence pairs are
+swapped (warm LP re-solves) and per-dim sequences nested (:mod:`.local_search`). Every
+K <= AT_MOST_MAX_CHUNKS is run in a log of its own and, when close to the best, *settled*
+exactly as a forced K is (:func:`_settle`): the search is never worse than those forced Ks,
+and a forced K <= AT_MOST_MAX_CHUNKS means "at most K chunks". Unless K is forced, the best
 plan's chunks are then split while that helps (:mod:`.splitting`: the ramp that Ks built
 from scratch cannot have), and a split plan's binding pairs are swapped again.
 Last, the baselines' own structures are re-sized where they would still win
 (:mod:`.seeds`), so the result is never worse than a baseline.
 """
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
-from hipipe.bounds import OrderMix, chunked_bound_s, order_loads
+from hipipe.bounds import OrderMix
 from hipipe.errors import SolverError
 from hipipe.planners.hipipe.candidates import (
+    IMPROVEMENT,
     LADDER_SHARE,
     Candidate,
     SearchLog,
@@ -27,9 +31,9 @@ from hipipe.planners.hipipe.candidates import (
     candidate_for,
     time_unit_s,
 )
-from hipipe.planners.hipipe.families import families
-from hipipe.planners.hipipe.local_search import climb_orders, swap_critical_pairs
-from hipipe.planners.hipipe.seeds import improve_with_seeds
+from hipipe.planners.hipipe.families import FEW_CHUNK_FAMILIES, families
+from hipipe.planners.hipipe.local_search import climb_orders, nested_descent, swap_critical_pairs
+from hipipe.planners.hipipe.seeds import baseline_seeds, improve_with_seeds
 from hipipe.planners.hipipe.splitting import refine_by_splitting
 from hipipe.topology import Topology
 
@@ -71,12 +75,20 @@ def _best_for_chunks(
     unit_s: float,
     log: SearchLog,
     pool: list[Candidate] | None = None,
+    strikes: SearchLog | None = None,
+    retire: bool = True,
 ) -> Candidate | None:
     """Best candidate over the order families for one K (logged in ``log.tried``); None if
-    every LP failed."""
+    every LP failed. This K's results count towards retirement in ``strikes`` (default
+    ``log``); families retired there are skipped unless ``retire`` is False."""
+    strikes = log if strikes is None else strikes
     best_here: Candidate | None = None
     rounds = options.max_rounds if num_chunks <= FULL_ROUNDS_MAX_CHUNKS else 0
     results: dict[str, float] = {}
+    # No schedule with this many chunks beats the chunked latency floor: once a family
+    # reaches it with all its chunks, the others cannot do better with as many (switch-3d-512
+    # and tpu-2d: the mix does at K = 3); plans with fewer chunks are the smaller Ks' business.
+    floor_s = log.floor_s(topology, message_bytes, num_chunks, options.collective)
     for source, orders in families(
         topology,
         message_bytes,
@@ -85,7 +97,7 @@ def _best_for_chunks(
         ascending_only=options.ascending_only,
         collective=options.collective,
     ):
-        if source in log.retired:
+        if retire and source in strikes.retired:
             continue
         try:
             candidate = candidate_for(
@@ -114,12 +126,23 @@ def _best_for_chunks(
             pool.append(candidate)
         if better(best_here, candidate):
             best_here = candidate
-    if best_here is not None:
+        if (
+            best_here is not None
+            and best_here.structure.num_chunks == num_chunks
+            and best_here.makespan_s <= floor_s * (1 + IMPROVEMENT)
+        ):
+            break  # (a plan that dropped chunks is not held to this K's floor: fewer latencies)
+    # The yardstick for retirement is the best of the families that go on to larger K: a
+    # family tried at few chunks only (the rotations) must not retire the others (on libra-4d
+    # at 1 GiB, ReduceScatter, it retired greedy at K = 4, the family that wins at K = 8).
+    lasting = [m for source, m in results.items() if source not in FEW_CHUNK_FAMILIES]
+    if lasting:
+        yardstick_s = min(lasting)
         for source, makespan_s in results.items():
-            behind = makespan_s > best_here.makespan_s * (1 + RETIRE_MARGIN)
-            log.strikes[source] = log.strikes.get(source, 0) + 1 if behind else 0
-            if log.strikes[source] >= RETIRE_STRIKES and source != "mix":
-                log.retired.add(source)
+            behind = makespan_s > yardstick_s * (1 + RETIRE_MARGIN)
+            strikes.strikes[source] = strikes.strikes.get(source, 0) + 1 if behind else 0
+            if strikes.strikes[source] >= RETIRE_STRIKES and source != "mix":
+                strikes.retired.add(source)
     return best_here
 
 
@@ -128,8 +151,8 @@ RUNNER_UP_MARGIN = 0.02
 behind, the climb has never closed the gap on the reference grid, and it costs plan time."""
 
 
-def _runner_up(pool: list[Candidate], best: Candidate) -> list[Candidate]:
-    """The fastest candidate of another structure than ``best``, if within :data:`RUNNER_UP_MARGIN`."""
+def _runner_up(pool: list[Candidate], best: Candidate, margin: float = RUNNER_UP_MARGIN) -> list[Candidate]:
+    """The fastest candidate of another structure than ``best``, if within ``margin`` (relative)."""
     others = [
         c
         for c in pool
@@ -138,7 +161,7 @@ def _runner_up(pool: list[Candidate], best: Candidate) -> list[Candidate]:
     if not others:
         return []
     second = min(others, key=lambda c: c.makespan_s)
-    return [second] if second.makespan_s <= best.makespan_s * (1 + RUNNER_UP_MARGIN) else []
+    return [second] if second.makespan_s <= best.makespan_s * (1 + margin) else []
 
 
 def _requested_chunks(log: SearchLog, best: Candidate) -> int:
@@ -166,6 +189,200 @@ def _swap_polish(
     return polished
 
 
+def _nest_polish(
+    topology: Topology, message_bytes: int, best: Candidate, *, unit_s: float, log: SearchLog
+) -> Candidate:
+    """``best`` after :func:`nested_descent`, logged when it changed anything."""
+    nested = nested_descent(topology, message_bytes, best, unit_s=unit_s, log=log)
+    if nested is not best:
+        log.tried.append(
+            Trial(
+                num_chunks=best.structure.num_chunks,
+                kept_chunks=nested.structure.num_chunks,
+                source="nest",
+                makespan_s=nested.makespan_s,
+            )
+        )
+    return nested
+
+
+AT_MOST_MAX_CHUNKS = 4
+"""Up to this K every K is *settled* the same way whether the user forced it or the search
+came across it (:func:`_settle`): so the search is never worse than a forced K <= this, and a
+forced K means "at most K chunks" (as for the exact planner): never worse than a forced
+K' < K, K' <= this. Few-chunk plans are where the local search moves a plan by percents and
+where it is cheap; above, a forced K is planned with K chunks alone."""
+
+
+TWO_CHUNK_RUNNER_UP_MARGIN = 0.04
+"""At K <= 2 the runner-up is climbed when within this of the best: a climb there has only
+2 D! neighbours, and on libra-4d at 1 GiB, K = 2, fastest-first (2.9% behind the rotated
+orders) climbs to the proven optimum, 7.856 ms, where the rotations stay at 8.089 ms."""
+
+SETTLE_MARGIN = 0.05
+"""The search settles a small K only when that K's best before the local search is within
+this of the best so far (relative; the ladder's best after its own local search)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class _Step:
+    """One K of the ladder run in a log of its own, so that what it finds does not depend on
+    what the search spent before (a forced K and the search do the same work)."""
+
+    num_chunks: int
+    best: Candidate | None
+    pool: list[Candidate]
+    log: SearchLog
+    absorbed: tuple[int, int, int, int] = (0, 0, 0, 0)
+    """How much of ``log`` (trials, LP solves, simplex iterations, LP work) the plan's log
+    already holds."""
+
+
+def _small_step(
+    topology: Topology,
+    message_bytes: int,
+    mix: OrderMix,
+    num_chunks: int,
+    *,
+    options: SearchOptions,
+    unit_s: float,
+    strikes: SearchLog | None,
+    floors: dict[int, float],
+) -> _Step:
+    """Every family at ``num_chunks`` (none retired) in a fresh log (sharing the plan's
+    ``floors``); their results count towards retirement at larger K in ``strikes`` (the
+    plan's log; None: nowhere)."""
+    log = SearchLog(budget=options.lp_work_budget, floors=floors)
+    log.allow(LADDER_SHARE)
+    pool: list[Candidate] = []
+    best = _best_for_chunks(
+        topology,
+        message_bytes,
+        mix,
+        num_chunks,
+        options=options,
+        unit_s=unit_s,
+        log=log,
+        pool=pool,
+        strikes=strikes,
+        retire=False,
+    )
+    return _Step(num_chunks=num_chunks, best=best, pool=pool, log=log)
+
+
+def _finish(
+    topology: Topology,
+    message_bytes: int,
+    contenders: list[Candidate],
+    *,
+    options: SearchOptions,
+    unit_s: float,
+    log: SearchLog,
+) -> Candidate:
+    """The best of ``contenders`` after the local search: orders climbed, binding pairs
+    swapped, per-dim sequences nested (:mod:`.local_search`).
+
+    Before the local search the two best structures are often close, and climbing and
+    polishing move each by a few percent: on libra-4d at 64 MiB, K = 3 led K = 2 by 0.7%
+    but K = 2 climbs to 0.790 ms against K = 3's 0.805 ms. So each contender is searched.
+    """
+    finished = []
+    for contender in contenders:
+        climbed = climb_orders(topology, message_bytes, contender, options=options, unit_s=unit_s, log=log)
+        polished = _swap_polish(topology, message_bytes, climbed, unit_s=unit_s, log=log)
+        finished.append(_nest_polish(topology, message_bytes, polished, unit_s=unit_s, log=log))
+    return min(finished, key=lambda c: c.makespan_s)
+
+
+def _settle(
+    topology: Topology, message_bytes: int, step: _Step, *, options: SearchOptions, unit_s: float
+) -> tuple[Candidate | None, dict[str, float]]:
+    """What a forced K = ``step.num_chunks`` plans from this K alone: its best and runner-up
+    through the local search, then the baselines' structures with this K (in the step's log)."""
+    best = step.best
+    if best is not None and options.climb:
+        margin = TWO_CHUNK_RUNNER_UP_MARGIN if step.num_chunks <= 2 else RUNNER_UP_MARGIN
+        contenders = [best, *_runner_up(step.pool, best, margin)]
+        best = _finish(topology, message_bytes, contenders, options=options, unit_s=unit_s, log=step.log)
+    baselines: dict[str, float] = {}
+    if options.baseline_seeds:
+        best, baselines = improve_with_seeds(
+            topology, message_bytes, best, step.num_chunks, options=options, unit_s=unit_s, log=step.log
+        )
+    return best, baselines
+
+
+def _absorb(log: SearchLog, step: _Step, *, work: bool = True) -> None:
+    """Add what the step's log recorded since the last call to the plan's log: its trials,
+    and (with ``work``) its LP solves, iterations and work."""
+    own = step.log
+    trials, solves, iterations, spent = step.absorbed
+    log.tried.extend(own.tried[trials:])
+    if work:
+        log.lp_solves += own.lp_solves - solves
+        log.simplex_iterations += own.simplex_iterations - iterations
+        log.lp_work += own.lp_work - spent
+        solves, iterations, spent = own.lp_solves, own.simplex_iterations, own.lp_work
+    step.absorbed = (len(own.tried), solves, iterations, spent)
+
+
+def _fastest(candidates: list[Candidate | None]) -> Candidate | None:
+    """The fastest candidate (the first of equals); None if there is none."""
+    best: Candidate | None = None
+    for candidate in candidates:
+        if candidate is not None and better(best, candidate):
+            best = candidate
+    return best
+
+
+def _at_most(
+    topology: Topology,
+    message_bytes: int,
+    mix: OrderMix,
+    num_chunks: int,
+    *,
+    options: SearchOptions,
+    unit_s: float,
+    log: SearchLog,
+) -> list[Candidate | None]:
+    """The settled plans of every K' <= ``num_chunks`` (and <= AT_MOST_MAX_CHUNKS)."""
+    settled: list[Candidate | None] = []
+    for step in _small_steps(
+        topology, message_bytes, mix, num_chunks, options=options, unit_s=unit_s, log=log
+    ):
+        settled.append(_settle(topology, message_bytes, step, options=options, unit_s=unit_s)[0])
+        _absorb(log, step)
+    return settled
+
+
+def _small_steps(
+    topology: Topology,
+    message_bytes: int,
+    mix: OrderMix,
+    num_chunks: int,
+    *,
+    options: SearchOptions,
+    unit_s: float,
+    log: SearchLog,
+) -> list[_Step]:
+    """The steps of K' = 1 .. min(K, AT_MOST_MAX_CHUNKS), up to the first K' whose latency
+    floor is not below the best so far (where the search's ladder stops too)."""
+    steps: list[_Step] = []
+    best: Candidate | None = None
+    for k in range(1, min(num_chunks, AT_MOST_MAX_CHUNKS) + 1):
+        floor_s = log.floor_s(topology, message_bytes, k, options.collective)
+        if best is not None and floor_s >= best.makespan_s:
+            steps[-1].log.tried.append(Trial(num_chunks=k, pruned="latency floor above the best"))
+            break
+        step = _small_step(
+            topology, message_bytes, mix, k, options=options, unit_s=unit_s, strikes=None, floors=log.floors
+        )
+        steps.append(step)
+        if step.best is not None and better(best, step.best):
+            best = step.best
+    return steps
+
+
 def search(
     topology: Topology,
     message_bytes: int,
@@ -175,31 +392,103 @@ def search(
     log: SearchLog,
 ) -> tuple[Candidate, dict[str, float]]:
     """Best candidate over the K ladder and the baseline seeds; also the baselines' makespans."""
+    unit_s = time_unit_s(topology, message_bytes, mix, options.collective)
+    forced = options.forced_chunks
+    if forced is not None and options.climb and forced <= AT_MOST_MAX_CHUNKS:
+        # At most K chunks: the fastest settled plan of any K' <= K.
+        steps = _small_steps(topology, message_bytes, mix, forced, options=options, unit_s=unit_s, log=log)
+        settled = [_settle(topology, message_bytes, step, options=options, unit_s=unit_s) for step in steps]
+        for step in steps:
+            _absorb(log, step)
+        baselines = settled[-1][1]
+        if options.baseline_seeds and steps[-1].num_chunks != forced:
+            # K itself was not run (its floor is above the best): report the baselines at K.
+            seeds = baseline_seeds(topology, message_bytes, forced, options.collective)
+            baselines = {seed.structure.source: seed.makespan_s for seed in seeds}
+        return _checked(_fastest([c for c, _ in settled]), log), baselines
+    best, baselines = _search_ladder(topology, message_bytes, mix, options=options, unit_s=unit_s, log=log)
+    return _checked(best, log), baselines
+
+
+def _checked(best: Candidate | None, log: SearchLog) -> Candidate:
+    """``best``, or the last LP failure as a :class:`SolverError` if there is none."""
+    if best is None:
+        errors = [trial.error for trial in log.tried if trial.error is not None]
+        raise SolverError(errors[-1] if errors else "no candidate schedule was found")
+    return best
+
+
+def _search_ladder(
+    topology: Topology,
+    message_bytes: int,
+    mix: OrderMix,
+    *,
+    options: SearchOptions,
+    unit_s: float,
+    log: SearchLog,
+) -> tuple[Candidate | None, dict[str, float]]:
+    """The K ladder, the local search, splitting and the seeds (see the module docstring).
+
+    When the full planner searches K, every K <= AT_MOST_MAX_CHUNKS on the ladder is run as
+    a :class:`_Step` and settled as if forced (:func:`_settle`), so the search is never worse
+    than a forced K <= AT_MOST_MAX_CHUNKS. The settling work is added to the record at the
+    end: it does not eat into the budget of the ladder, the climb or the splits.
+    """
     collective = options.collective
-    unit_s = time_unit_s(topology, message_bytes, mix, collective)
     chain_length = collective.moves_per_byte * topology.num_dims
     best: Candidate | None = None
     pool: list[Candidate] = []
     """Every family's candidate at every K of the ladder: the runner-up is climbed too."""
+    steps: list[_Step] = []
+    """The Ks settled as if forced (their candidates are in ``pool`` too)."""
+    settles = options.searches_chunks and options.climb
     misses = 0
     tried: set[int] = set()
-    loads = order_loads(topology)
     log.allow(LADDER_SHARE)
     for num_chunks in options.ladder:
+        small = settles and num_chunks <= AT_MOST_MAX_CHUNKS
         if options.searches_chunks and num_chunks * chain_length > MAX_OPS:
             break
-        if best is not None and log.over_budget:
+        if small and best is not None:
+            # No K-chunk plan beats T_K; plans with fewer chunks are the smaller Ks'. A forced
+            # K prunes alike (:func:`_small_steps`), so both settle the same Ks.
+            floor_s = log.floor_s(topology, message_bytes, num_chunks, collective)
+            if floor_s >= best.makespan_s:
+                log.tried.append(Trial(num_chunks=num_chunks, pruned="latency floor above the best"))
+                break
+        elif not small and best is not None and log.over_budget:
             log.tried.append(Trial(num_chunks=num_chunks, pruned="plan-time budget spent"))
             break
-        if best is not None and chunked_bound_s(
-            topology, message_bytes, num_chunks, loads=loads, collective=collective
-        ) >= best.makespan_s * (1 - FLOOR_SLACK):
+        elif (
+            not small
+            and best is not None
+            and log.floor_s(topology, message_bytes, num_chunks, collective)
+            >= best.makespan_s * (1 - FLOOR_SLACK)
+        ):
             log.tried.append(Trial(num_chunks=num_chunks, pruned="latency floor within 0.1% of best"))
             break  # the floor grows with K: no larger K can gain more than FLOOR_SLACK
         tried.add(num_chunks)
-        best_here = _best_for_chunks(
-            topology, message_bytes, mix, num_chunks, options=options, unit_s=unit_s, log=log, pool=pool
-        )
+        if small:
+            step = _small_step(
+                topology,
+                message_bytes,
+                mix,
+                num_chunks,
+                options=options,
+                unit_s=unit_s,
+                strikes=log,
+                floors=log.floors,
+            )
+            steps.append(step)
+            pool.extend(step.pool)
+            # Its trials now; its LP work at the end, with the settling: the larger Ks keep
+            # the ladder's budget they had before small Ks ran every family.
+            _absorb(log, step, work=False)
+            best_here = step.best
+        else:
+            best_here = _best_for_chunks(
+                topology, message_bytes, mix, num_chunks, options=options, unit_s=unit_s, log=log, pool=pool
+            )
         if best_here is not None and better(best, best_here):
             gain = 1 - best_here.makespan_s / best.makespan_s if best is not None else 1.0
             best = best_here
@@ -210,6 +499,8 @@ def search(
                 break
         else:
             misses += 1
+            if small and num_chunks < AT_MOST_MAX_CHUNKS:
+                continue  # every small K is settled: no early stop before them
             if misses >= (options.patience if num_chunks <= FULL_ROUNDS_MAX_CHUNKS else 1):
                 break
     if best is not None and options.searches_chunks and _requested_chunks(log, best) >= PROBE_MIN_CHUNKS:
@@ -224,17 +515,34 @@ def search(
             )
             if candidate is not None and better(best, candidate):
                 best = candidate
+    finished: Candidate | None = None
     if best is not None and options.climb:
-        # Before the local search the two best structures are often close, and climbing and
-        # polishing move each by a few percent: on libra-4d at 64 MiB, K = 3 led K = 2 by
-        # 0.7% but K = 2 climbs to 0.790 ms against K = 3's 0.805 ms. Both are searched.
-        finished = []
-        for contender in [best, *_runner_up(pool, best)]:
-            climbed = climb_orders(
-                topology, message_bytes, contender, options=options, unit_s=unit_s, log=log
-            )
-            finished.append(_swap_polish(topology, message_bytes, climbed, unit_s=unit_s, log=log))
-        best = min(finished, key=lambda c: c.makespan_s)
+        small_ids = {id(c) for step in steps for c in step.pool}
+        contenders = [c for c in [best, *_runner_up(pool, best)] if id(c) not in small_ids]
+        if contenders:
+            finished = _finish(topology, message_bytes, contenders, options=options, unit_s=unit_s, log=log)
+    # Then settle the small Ks that could matter: a K far behind the best so far stays behind
+    # after the local search (it moves few-chunk plans by a few percent).
+    reference = _fastest([best, finished])
+    settled = [
+        _settle(topology, message_bytes, step, options=options, unit_s=unit_s)[0]
+        for step in steps
+        if reference is not None
+        and step.best is not None
+        and step.best.makespan_s <= reference.makespan_s * (1 + SETTLE_MARGIN)
+    ]
+    if options.climb:
+        best = _fastest([*settled, finished]) or best
+    if options.forced_chunks is not None and options.climb:
+        # A forced K above AT_MOST_MAX_CHUNKS: never worse than a forced AT_MOST_MAX_CHUNKS.
+        best = _fastest(
+            [
+                best,
+                *_at_most(
+                    topology, message_bytes, mix, AT_MOST_MAX_CHUNKS, options=options, unit_s=unit_s, log=log
+                ),
+            ]
+        )
     if best is not None and options.climb and options.searches_chunks:
         refined = refine_by_splitting(
             topology,
@@ -253,7 +561,6 @@ def search(
         best, baselines = improve_with_seeds(
             topology, message_bytes, best, options.forced_chunks, options=options, unit_s=unit_s, log=log
         )
-    if best is None:
-        errors = [trial.error for trial in log.tried if trial.error is not None]
-        raise SolverError(errors[-1] if errors else "no candidate schedule was found")
+    for step in steps:
+        _absorb(log, step)  # the LP work of the small Ks, settling included
     return best, baselines

@@ -2,8 +2,8 @@
 
 Given op durations (from the current chunk sizes), a non-delay list scheduler starts,
 on every free dimension, the waiting op with the best priority; the order in which
-each dimension started its ops is its sequence. Five rules, all cheap; the search tries
-the two :data:`BASIC_RULES` on every structure and all five where LPs are cheap:
+each dimension started its ops is its sequence. Six rules, all cheap; the search tries
+the two :data:`BASIC_RULES` on every structure and all six where LPs are cheap:
 
 - ``fifo``: the op that became ready first (ties: lower chunk) -- what the pipelined
   baseline does, and what keeps chunks flowing in index order;
@@ -17,6 +17,13 @@ the two :data:`BASIC_RULES` on every structure and all five where LPs are cheap:
   first out. The proven optima of the exact planner have this shape on libra-3d and
   rfs-3d at K = 3 (every dim runs ``0R 1R 2R 2A 1A 0A`` for its own chunk order), which
   no other rule produces. For ReduceScatter or AllGather alone it is ``fifo``.
+- ``nested-tail``: nested, but the ReduceScatters by ``tail`` priority, and strictly last
+  in, first out: a dim whose last-in chunk's AG is not ready yet waits for it rather than
+  run another chunk's AG (a delay on purpose; without it, on uniform sizes an AG that is
+  ready early jumps the stack and the dim is no longer nested). The proven optima on
+  rfs-3d at K = 3 are nested with the longest-tail chunk entering each dim first
+  (d0 ``1R 0R 2R 2A 0A 1A``, d2 ``1R 2R 0R 0A 2A 1A``). If the stacks wait on each other
+  the rest of the schedule is finished without them. For a half chain it is ``tail``.
 
 This is a plain reimplementation rather than a call to the simulator because it runs
 inside the search loop on bare arrays; the simulator times the final schedule.
@@ -41,21 +48,27 @@ class Rule(StrEnum):
     AG_FIRST = "ag-first"
     SHORTEST = "shortest"
     NESTED = "nested"
+    NESTED_TAIL = "nested-tail"
 
+
+NESTED_RULES: frozenset[Rule] = frozenset({Rule.NESTED, Rule.NESTED_TAIL})
+"""The rules whose AllGathers leave each dim in the reverse of its ReduceScatters' order."""
 
 BASIC_RULES: tuple[Rule, ...] = (Rule.FIFO, Rule.TAIL)
 """The rules tried on every structure; the others add diversity where LPs are cheap."""
 
 
 def list_schedule(table: OpTable, durations_s: np.ndarray, rule: Rule) -> tuple[tuple[int, ...], ...]:
-    """Sequences of a non-delay list schedule of the chunks' chains under ``rule``."""
+    """Sequences of a list schedule of the chunks' chains under ``rule`` (non-delay, but
+    for ``nested-tail``, which waits for the last-in chunk's AG)."""
     chain_length = table.chain_length
     num_chunks = table.num_ops // chain_length if chain_length else 0
     dims = table.dim.tolist()
     gathers = table.gathers.tolist()
     durations = durations_s.tolist()
+    nested = rule in NESTED_RULES and chain_length == 2 * table.num_dims  # AllReduce: both halves
     tails: list[float] = []
-    if rule is Rule.TAIL:
+    if rule in (Rule.TAIL, Rule.NESTED_TAIL):
         # Remaining chain work from each op on (inclusive), per chunk.
         reshaped = durations_s.reshape(num_chunks, chain_length)
         tails = np.cumsum(reshaped[:, ::-1], axis=1)[:, ::-1].ravel().tolist()
@@ -73,12 +86,16 @@ def list_schedule(table: OpTable, durations_s: np.ndarray, rule: Rule) -> tuple[
             key = 0.0 if gathers[op] else 1.0
         elif rule is Rule.SHORTEST:
             key = durations[op]
-        elif rule is Rule.NESTED and chain_length == 2 * table.num_dims:  # AllReduce: both halves
+        elif nested:
             key = 1.0 if gathers[op] else 0.0
             if gathers[op]:
                 # The chunk's RS on this dim mirrors this AG in the chain: AG at step s, RS at L-1-s.
                 step = op % chain_length
                 tiebreak = -position[op - step + chain_length - 1 - step]
+            elif rule is Rule.NESTED_TAIL:
+                tiebreak = -tails[op]
+        elif rule is Rule.NESTED_TAIL:  # a half chain: plain tail
+            key = -tails[op]
         else:
             key = ready_s
         heapq.heappush(queues[dims[op]], (key, tiebreak, op))
@@ -86,18 +103,37 @@ def list_schedule(table: OpTable, durations_s: np.ndarray, rule: Rule) -> tuple[
     for j in range(num_chunks):
         enqueue(j * chain_length, 0.0)
     busy = [False] * table.num_dims
+    open_chunks: list[list[int]] = [[] for _ in range(table.num_dims)]
+    """Nested rules: per dim, the chunks whose RS ran there and whose AG has not (a stack)."""
+    strict = nested and rule is Rule.NESTED_TAIL
     events: list[tuple[float, int]] = []
     now = 0.0
     while True:
         for k in range(table.num_dims):
-            if not busy[k] and queues[k]:
-                _, _, op = heapq.heappop(queues[k])
-                busy[k] = True
-                position[op] = len(sequences[k])
-                sequences[k].append(op)
-                heapq.heappush(events, (now + durations[op], op))
+            if busy[k] or not queues[k]:
+                continue
+            op = queues[k][0][2]
+            stack = open_chunks[k]
+            if strict and gathers[op] and stack and stack[-1] != op // chain_length:
+                # Only the last chunk in may leave: wait for its AG (a delay, on purpose),
+                # else the dim's RS and AG orders stop mirroring each other.
+                continue
+            heapq.heappop(queues[k])
+            if nested:
+                if gathers[op]:
+                    stack.remove(op // chain_length)
+                else:
+                    stack.append(op // chain_length)
+            busy[k] = True
+            position[op] = len(sequences[k])
+            sequences[k].append(op)
+            heapq.heappush(events, (now + durations[op], op))
         if not events:
+            if any(queues):
+                strict = False  # the stacks wait on each other: finish without them
+                continue
             break
+        strict = nested and rule is Rule.NESTED_TAIL
         now = events[0][0]
         while events and events[0][0] == now:
             _, op = heapq.heappop(events)

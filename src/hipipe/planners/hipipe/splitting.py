@@ -18,7 +18,6 @@ price of a few latencies) and every chunk (more overlap everywhere, when latency
 
 from dataclasses import replace
 
-from hipipe.bounds import chunked_bound_s, order_loads
 from hipipe.planners.hipipe.candidates import (
     SPLIT_SHARE,
     Candidate,
@@ -81,7 +80,6 @@ def refine_by_splitting(
     if start.lp_makespan_s is None:
         return start  # no sizing LP (the uniform ablation): nothing to re-size
     one_round = replace(options, max_rounds=1)
-    loads = order_loads(topology)
     log.allow(SPLIT_SHARE)  # the rest of the plan's budget; a step in progress is finished
     best = start
     while not log.over_budget:
@@ -91,9 +89,7 @@ def refine_by_splitting(
             structure = split_structure(current.structure, split)
             if structure.num_chunks * structure.chain_length > max_ops:
                 continue
-            floor_s = chunked_bound_s(
-                topology, message_bytes, structure.num_chunks, loads=loads, collective=options.collective
-            )
+            floor_s = log.floor_s(topology, message_bytes, structure.num_chunks, options.collective)
             if floor_s >= best.makespan_s * (1 - floor_slack):
                 continue
             candidate = optimize_structure(
