@@ -65,8 +65,9 @@ def predict(schedule: Schedule, *, samples: int = DEFAULT_SAMPLES, seed: int = D
             samples=1,
         )
     rng = random.Random(seed)
+    tables = _ReplayTables.of(schedule)  # the same for every sample: built once
     makespans = sorted(
-        max(replay_op_times_s(schedule, rng)[1], default=0.0)
+        max(_replay(schedule, tables, rng)[1], default=0.0)
         for _ in range(samples if overheads.jitter_s else 1)
     )
     return Prediction(
@@ -108,25 +109,56 @@ def replay_op_times_s(schedule: Schedule, rng: random.Random) -> tuple[list[floa
 
     Ops are started in time order, so which other dims are busy at an op's start is known.
     """
+    return _replay(schedule, _ReplayTables.of(schedule), rng)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _ReplayTables:
+    """What every replay of one schedule shares: per-op durations and successors."""
+
+    wire_s: list[float]
+    """The part of each op the concurrency stretches (bytes over the wire)."""
+    fixed_s: list[float]
+    """The rest: latency, per-op cost, local reduction."""
+    group_npus: list[int]
+    next_on_dim: list[list[int]]
+    """Per op, the op after it in the sequence of each of its dims."""
+    chain_next: list[int | None]
+    waiting: list[int]
+    """Per op, how many predecessors (one per dim, plus its chain's) must end first."""
+
+    @classmethod
+    def of(cls, schedule: Schedule) -> "_ReplayTables":
+        topology = schedule.topology
+        ops = schedule.ops
+        wire_s = [
+            op_time_s(topology, op.dims, op.full_bytes) - op_time_s(topology, op.dims, 0.0) for op in ops
+        ]
+        next_on_dim: list[list[int]] = [[] for _ in ops]
+        for sequence in schedule.sequences:
+            for before, after in itertools.pairwise(sequence):
+                next_on_dim[before].append(after)
+        chain_next: list[int | None] = [None] * len(ops)
+        has_chain_prev = [False] * len(ops)
+        for chunk in schedule.chunks:
+            for earlier, later in itertools.pairwise(schedule.chunk_ops(chunk.index)):
+                chain_next[earlier.index] = later.index
+                has_chain_prev[later.index] = True
+        return cls(
+            wire_s=wire_s,
+            fixed_s=[op_time_s(topology, op.dims, op.full_bytes, op.phase) - wire_s[op.index] for op in ops],
+            group_npus=[group_size(topology, op.dims) for op in ops],
+            next_on_dim=next_on_dim,
+            chain_next=chain_next,
+            waiting=[len(op.dims) + has_chain_prev[op.index] for op in ops],
+        )
+
+
+def _replay(schedule: Schedule, tables: _ReplayTables, rng: random.Random) -> tuple[list[float], list[float]]:
     topology = schedule.topology
     overheads = topology.overheads
     ops = schedule.ops
-    # Per op: the part the concurrency stretches (bytes over the wire) and the rest.
-    wire_s = [op_time_s(topology, op.dims, op.full_bytes) - op_time_s(topology, op.dims, 0.0) for op in ops]
-    fixed_s = [op_time_s(topology, op.dims, op.full_bytes, op.phase) - wire_s[op.index] for op in ops]
-    group_npus = [group_size(topology, op.dims) for op in ops]
-    position = {}
-    for k, sequence in enumerate(schedule.sequences):
-        for place, index in enumerate(sequence):
-            position[index, k] = place
-    chain_prev: list[int | None] = [None] * len(ops)
-    chain_next: list[int | None] = [None] * len(ops)
-    for chunk in schedule.chunks:
-        chunk_ops = schedule.chunk_ops(chunk.index)
-        for before, after in itertools.pairwise(chunk_ops):
-            chain_prev[after.index] = before.index
-            chain_next[before.index] = after.index
-    waiting = [len(op.dims) + (chain_prev[op.index] is not None) for op in ops]
+    waiting = list(tables.waiting)
     ready_s = [0.0] * len(ops)
     start_at_s = [math.nan] * len(ops)
     end_s = [math.nan] * len(ops)
@@ -147,19 +179,19 @@ def replay_op_times_s(schedule: Schedule, rng: random.Random) -> tuple[list[floa
         start_s, index = heapq.heappop(heap)
         op = ops[index]
         others = sum(1 for k in range(topology.num_dims) if k not in op.dims and dim_busy_until[k] > start_s)
-        duration_s = fixed_s[index] + wire_s[index] * (1 + overheads.concurrency_slowdown * others)
+        duration_s = tables.fixed_s[index] + tables.wire_s[index] * (
+            1 + overheads.concurrency_slowdown * others
+        )
         if overheads.jitter_s:
-            duration_s += latest_arrival_s(overheads.jitter_s, group_npus[index], rng.random())
+            duration_s += latest_arrival_s(overheads.jitter_s, tables.group_npus[index], rng.random())
         start_at_s[index] = start_s
         end_s[index] = start_s + duration_s
         done += 1
         for k in op.dims:
             dim_busy_until[k] = end_s[index]
-            sequence = schedule.sequences[k]
-            place = position[index, k]
-            if place + 1 < len(sequence):
-                release(sequence[place + 1], end_s[index])
-        successor = chain_next[index]
+        for after in tables.next_on_dim[index]:
+            release(after, end_s[index])
+        successor = tables.chain_next[index]
         if successor is not None:
             handoff_s = overheads.handoff_s if ops[successor].dims != op.dims else 0.0
             release(successor, end_s[index] + handoff_s)

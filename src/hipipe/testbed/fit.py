@@ -411,10 +411,6 @@ class Calibration:
     overhead_message_bytes: int = 0
     overhead_times_s: tuple[float, ...] = ()
 
-    @property
-    def op_overhead_s(self) -> float:
-        return self.overheads.op_s
-
     def topology(self, name: str = "calibrated") -> Topology:
         return calibrated_topology(self.fits, name=name, overheads=self.overheads)
 
@@ -464,8 +460,3 @@ def fits_to_dict(fits: Sequence[DimFit]) -> list[dict[str, Any]]:
 
 def fit_all(sizes: Sequence[int], samples: Sequence[Sample]) -> list[DimFit]:
     return [fit_dim(k, sizes[k], samples) for k in range(len(sizes))]
-
-
-def relative_error(measured: float, predicted: float) -> float:
-    """``measured / predicted - 1``; NaN when nothing was predicted."""
-    return measured / predicted - 1.0 if predicted > 0 else math.nan

@@ -16,6 +16,7 @@ Last, the baselines' own structures are re-sized where they would still win
 (:mod:`.seeds`), so the result is never worse than a baseline.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from hipipe.bounds import OrderMix
@@ -172,38 +173,29 @@ def _requested_chunks(log: SearchLog, best: Candidate) -> int:
     return best.structure.num_chunks
 
 
-def _swap_polish(
-    topology: Topology, message_bytes: int, best: Candidate, *, unit_s: float, log: SearchLog
+def _polish(
+    step: Callable[..., Candidate],
+    source: str,
+    topology: Topology,
+    message_bytes: int,
+    best: Candidate,
+    *,
+    unit_s: float,
+    log: SearchLog,
 ) -> Candidate:
-    """``best`` after :func:`swap_critical_pairs`, logged when it changed anything."""
-    polished = swap_critical_pairs(topology, message_bytes, best, unit_s=unit_s, log=log)
+    """``best`` after a local-search ``step`` (:func:`swap_critical_pairs`,
+    :func:`nested_descent`), logged under ``source`` when it changed anything."""
+    polished = step(topology, message_bytes, best, unit_s=unit_s, log=log)
     if polished is not best:
         log.tried.append(
             Trial(
                 num_chunks=best.structure.num_chunks,
                 kept_chunks=polished.structure.num_chunks,
-                source="swap",
+                source=source,
                 makespan_s=polished.makespan_s,
             )
         )
     return polished
-
-
-def _nest_polish(
-    topology: Topology, message_bytes: int, best: Candidate, *, unit_s: float, log: SearchLog
-) -> Candidate:
-    """``best`` after :func:`nested_descent`, logged when it changed anything."""
-    nested = nested_descent(topology, message_bytes, best, unit_s=unit_s, log=log)
-    if nested is not best:
-        log.tried.append(
-            Trial(
-                num_chunks=best.structure.num_chunks,
-                kept_chunks=nested.structure.num_chunks,
-                source="nest",
-                makespan_s=nested.makespan_s,
-            )
-        )
-    return nested
 
 
 AT_MOST_MAX_CHUNKS = 4
@@ -289,8 +281,12 @@ def _finish(
     finished = []
     for contender in contenders:
         climbed = climb_orders(topology, message_bytes, contender, options=options, unit_s=unit_s, log=log)
-        polished = _swap_polish(topology, message_bytes, climbed, unit_s=unit_s, log=log)
-        finished.append(_nest_polish(topology, message_bytes, polished, unit_s=unit_s, log=log))
+        polished = _polish(
+            swap_critical_pairs, "swap", topology, message_bytes, climbed, unit_s=unit_s, log=log
+        )
+        finished.append(
+            _polish(nested_descent, "nest", topology, message_bytes, polished, unit_s=unit_s, log=log)
+        )
     return min(finished, key=lambda c: c.makespan_s)
 
 
@@ -555,7 +551,9 @@ def _search_ladder(
             floor_slack=FLOOR_SLACK,
         )
         if refined is not best:  # new sequences: the binding pairs are worth another look
-            best = _swap_polish(topology, message_bytes, refined, unit_s=unit_s, log=log)
+            best = _polish(
+                swap_critical_pairs, "swap", topology, message_bytes, refined, unit_s=unit_s, log=log
+            )
     baselines: dict[str, float] = {}
     if options.baseline_seeds:
         best, baselines = improve_with_seeds(
