@@ -169,5 +169,6 @@ if __name__ == "__main__":
         sys.exit(main(sys.argv[1:]))
     except Exception as exc:
         lines = str(exc).strip().splitlines()
-        print(f"rank {sys.argv[2]}: {type(exc).__name__}: {lines[0] if lines else ''}", file=sys.stderr)
+        # one write, text and newline together, so that ranks sharing a stderr never merge lines
+        sys.stderr.write(f"rank {sys.argv[2]}: {type(exc).__name__}: {lines[0] if lines else ''}\n")
         sys.exit(1)

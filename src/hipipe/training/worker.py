@@ -128,6 +128,13 @@ def run_job(job: TrainingJob) -> None:
         dist.destroy_process_group()
 
 
+def _report_failure(line: str) -> None:
+    """One write of the whole line: every rank shares torchrun's stderr, and `print`
+    writes the text and its newline separately, so two failing ranks' lines could merge."""
+    sys.stderr.write(line.rstrip("\n") + "\n")
+    sys.stderr.flush()
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m hipipe.training.worker JOB.json", file=sys.stderr)
@@ -137,11 +144,11 @@ def main(argv: list[str]) -> int:
         job = TrainingJob.from_dict(json.loads(Path(argv[0]).read_text()))
         run_job(job)
     except (HipipeError, OSError, ValueError, KeyError) as exc:
-        print(f"rank {rank}: {exc}", file=sys.stderr, flush=True)
+        _report_failure(f"rank {rank}: {exc}")
         return 1
     except RuntimeError as exc:  # torch.distributed reports a dead peer or a timeout this way
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        print(f"rank {rank}: {reason}", file=sys.stderr, flush=True)
+        _report_failure(f"rank {rank}: {reason}")
         return 1
     return 0
 
