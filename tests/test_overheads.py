@@ -8,7 +8,7 @@ import pytest
 from hipipe.checker import check
 from hipipe.cost import op_time_s
 from hipipe.errors import HipipeError, TopologyError
-from hipipe.overheads import Overheads
+from hipipe.overheads import OpCurve, Overheads
 from hipipe.planners import plan
 from hipipe.predict import predict, replay_op_times_s
 from hipipe.presets import PRESETS
@@ -96,3 +96,56 @@ def test_exact_refuses_terms_it_does_not_model() -> None:
     with pytest.raises(HipipeError, match="exact planner models latency, bandwidth and a per-op cost only"):
         plan(_tpu(Overheads(handoff_s=1e-6)), 16 * MIB, "exact", num_chunks=2)
     assert check(plan(_tpu(Overheads(op_s=1e-6)), 16 * MIB, "exact", num_chunks=2)).ok
+
+
+def _line_s(full_bytes: float) -> float:
+    return 1e-3 + full_bytes * 1e-8
+
+
+def test_an_op_curve_interpolates_and_follows_the_wire_beyond_its_points() -> None:
+    curve = OpCurve(dim=0, phase="RS", points=((4000.0, 0.020), (1000.0, 0.010)))  # sorted on the way in
+    assert curve.points == ((1000.0, 0.010), (4000.0, 0.020))
+    assert curve.time_s(2500, _line_s) == pytest.approx(0.015)
+    assert curve.time_s(500, _line_s) == pytest.approx(0.010 * _line_s(500) / _line_s(1000))
+    assert curve.time_s(7000, _line_s) == pytest.approx(0.030)  # the last segment's slope, not the line's
+    alone = OpCurve(dim=0, phase="AG", points=((1000.0, 0.010),))
+    assert alone.time_s(3000, _line_s) == pytest.approx(0.010 + _line_s(3000) - _line_s(1000))
+    for bad in ({"dim": 0, "phase": "XX", "points": [[1, 1]]}, {"dim": 0, "phase": "RS", "points": [[0, 1]]}):
+        with pytest.raises(TopologyError, match="op curve"):
+            OpCurve.from_dict(bad)
+    with pytest.raises(TopologyError, match="two curves for one dim and phase"):
+        Overheads(op_curves=(curve, replace(curve, points=((9.0, 1.0),))))
+
+
+def test_op_curves_round_trip_and_make_the_model_non_linear() -> None:
+    curves = (OpCurve(dim=0, phase="RS", points=((1e6, 0.01), (4e6, 0.03))),)
+    topology = _tpu(Overheads(op_curves=curves))
+    assert topology_from_dict(topology_to_dict(topology)) == topology
+    assert not topology.overheads.is_linear and not topology.overheads.is_zero
+    assert "streamed op times" in topology.overheads.describe()
+
+
+def test_single_dim_ops_take_their_curve_time_and_jitter_is_centred_on_it() -> None:
+    plain = plan(PRESETS["tpu-2d"](), 64 * MIB, "hierarchical")
+    rs_ops = [op for op in plain.ops if op.phase is Phase.RS]
+    # every RS op takes 10x its line time; AG ops keep their line (no curve)
+    curves = tuple(
+        OpCurve(
+            dim=k,
+            phase="RS",
+            points=tuple((b, 10 * op_time_s(plain.topology, (k,), b)) for b in (1.0, 2.0**40)),
+        )
+        for k in {op.dims[0] for op in rs_ops}
+    )
+    on_curves = replace(plain, topology=_tpu(Overheads(op_curves=curves)))
+    starts, ends = replay_op_times_s(on_curves, random.Random(0))
+    for op in plain.ops:
+        line_s = op_time_s(plain.topology, op.dims, op.full_bytes)
+        expected = 10 * line_s if op.phase is Phase.RS else line_s
+        assert ends[op.index] - starts[op.index] == pytest.approx(expected, rel=1e-9)
+    jittery = replace(plain, topology=_tpu(Overheads(op_curves=curves, jitter_s=1e-5)))
+    many = [replay_op_times_s(jittery, random.Random(seed)) for seed in range(400)]
+    first_rs = rs_ops[0].index
+    mean_s = sum(e[first_rs] - s[first_rs] for s, e in many) / len(many)
+    curve_s = ends[first_rs] - starts[first_rs]
+    assert mean_s == pytest.approx(curve_s, rel=0.02)  # the curve is already the mean

@@ -6,6 +6,7 @@ the exact ip/tc commands, capability messages, the alpha-beta fit. The root test
 runs one small benchmark end to end and proves that no namespace of its prefix is left.
 """
 
+import itertools
 import math
 import os
 import random
@@ -29,6 +30,7 @@ from hipipe.testbed.fit import (
     fit_concurrency_slowdown,
     fit_dim,
     fit_line,
+    fit_op_curves,
     fit_overheads,
     overhead_schedule,
     retime,
@@ -154,6 +156,9 @@ def test_link_commands_stay_inside_the_testbed() -> None:
         else:
             assert argv[1] == "-n" and argv[2].startswith("hp3f9a-"), argv
     assert sum(1 for c in commands if c[:3] == ["ip", "netns", "add"]) == layout.num_ranks + 1
+    congctl = [c for c in commands if "congctl" in c]
+    assert [c[2] for c in congctl] == [layout.rank_netns(r) for r in range(layout.num_ranks)]
+    assert all(c[c.index("congctl") + 1] == "cubic" and "replace" in c for c in congctl)
 
 
 # --- capabilities --------------------------------------------------------------------
@@ -295,7 +300,8 @@ def test_concurrency_slowdown_is_recovered_from_the_concurrency_pass() -> None:
 
 def test_calibration_sizes_follow_the_slowest_rate() -> None:
     sizes = calibration_sizes_bytes([50e6, 200e6])
-    assert len(sizes) == 5 and list(sizes) == sorted(sizes)
+    assert len(sizes) == 9 and list(sizes) == sorted(sizes)
+    assert all(1.8 < b / a < 2.3 for a, b in itertools.pairwise(sizes))  # dense: curves interpolate
     assert sizes[0] == pytest.approx(sizes[-1] / 256, rel=0.2)  # down to a 64-chunk plan's pieces
     assert sizes[-1] == pytest.approx(50e6 / 8, rel=0.01)  # ~1 s on the 50 Mbit/s dimension
     assert calibration_sizes_bytes([1e9])[-1] == 8 * 2**20
@@ -373,6 +379,9 @@ def test_testbed_rates_and_one_small_benchmark(tmp_path: Path) -> None:
     try:
         testbed = netns.up((2, 2), rates, prefix=prefix, state_dir=state_dir)
         assert len(netns.existing_netns(prefix)) == 5
+        for rank in range(testbed.layout.num_ranks):  # every rank's connections run cubic, not the host's
+            routes = netns.run(["ip", "-n", testbed.layout.rank_netns(rank), "route", "show"])
+            assert f"congctl {netns.TCP_CONGESTION_CONTROL}" in routes, routes
         measured = check_rates(testbed.layout, duration_s=1.5, warmup_s=0.5)
         for rate in measured:
             assert rate.median_bits_per_s == pytest.approx(rate.target_bits_per_s, rel=0.10), rate
@@ -400,6 +409,31 @@ def test_testbed_rates_and_one_small_benchmark(tmp_path: Path) -> None:
         netns.down(prefix, state_dir=state_dir)
         assert netns.existing_netns(prefix) == []
     assert not list(state_dir.glob("*.json"))
+
+
+def test_streamed_samples_become_one_curve_per_dim_and_phase() -> None:
+    fits = _two_dim_fits()
+    samples = [
+        Sample(dim=k, phase=phase, full_bytes=size, time_s=t, streamed_ops=8)
+        for k in (0, 1)
+        for phase in ("RS", "AG")
+        for size, times in ((1 << 16, (0.010, 0.012, 0.011)), (1 << 20, (0.05, 0.07, 0.06)))
+        for t in times
+    ]
+    samples.append(Sample(dim=0, phase="RS", full_bytes=1 << 16, time_s=9.0, concurrent=True))
+    curves = fit_op_curves(fits, samples)
+    assert sorted((c.dim, c.phase) for c in curves) == [(0, "AG"), (0, "RS"), (1, "AG"), (1, "RS")]
+    # the median of the isolated repeats: the concurrent sample is not a point
+    assert all(c.points == ((65536.0, 0.011), (1048576.0, 0.06)) for c in curves)
+
+
+def test_streamed_runs_last_about_a_window() -> None:
+    pytest.importorskip("torch", reason="the rank side of the calibration needs torch")
+    from hipipe.testbed.calibrate import MAX_STREAMED_OPS, STREAM_WINDOW_S, streamed_ops
+
+    assert streamed_ops(4 * STREAM_WINDOW_S) == 1  # a long op is timed alone
+    assert streamed_ops(2 * STREAM_WINDOW_S / 5) == 5
+    assert streamed_ops(1e-6) == MAX_STREAMED_OPS
 
 
 def test_jitter_is_recovered_from_the_spread_of_traced_ops() -> None:

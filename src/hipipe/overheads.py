@@ -26,16 +26,97 @@ calibrate`` can measure it and every consumer charges the same thing:
   inside a pipeline vary by tens of percent. A pipeline waits for the later of two ops
   at every hand-over, so the delays cost more the more ops run in parallel paths; not
   linear either: :mod:`hipipe.predict` samples it.
+- ``op_curves``: per dimension and phase, the measured mean time of one op *streamed*
+  back to back on that dimension, at several sizes (:class:`OpCurve`). On a shared host
+  a small op pays per ring step for every rank to be woken and scheduled, which the
+  kernel hides under the transfer of a large op: the measured time is not a line in
+  the size (on the 2-core testbed, 64 KiB ops on a 25 Mbit/s ring of 4 take 2.0x their
+  wire time, 4 MiB ops 1.05x), so :mod:`hipipe.predict` reads single-dimension ops off
+  these curves (interpolated) instead of the line, and the jitter then only spreads
+  them around that mean. Not linear: the LP and the simulator keep the lines.
 
 All default to zero: a topology without ``overheads`` is the plain alpha-beta model.
 """
 
+import bisect
 import contextlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
 from hipipe.errors import TopologyError
+
+PHASES = ("RS", "AG")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OpCurve:
+    """Measured mean time of one streamed op on one dimension: ``(full_bytes, seconds)`` points.
+
+    ``full_bytes`` is the op's wide side per NPU (RS input, AG output), as in the cost
+    model; the time includes everything the op paid (latency, wire, reduction, waking
+    up), which is why it replaces the line rather than adding to it.
+    """
+
+    dim: int
+    phase: str
+    """``RS`` or ``AG``."""
+    points: tuple[tuple[float, float], ...]
+
+    def __post_init__(self) -> None:
+        if self.phase not in PHASES:
+            raise TopologyError(f"an op curve's phase must be RS or AG, got {self.phase!r}")
+        if isinstance(self.dim, bool) or not isinstance(self.dim, int) or self.dim < 0:
+            raise TopologyError(f"an op curve's dim must be an integer >= 0, got {self.dim!r}")
+        try:
+            points = tuple(sorted((float(b), float(t)) for b, t in self.points))
+        except (TypeError, ValueError) as exc:
+            raise TopologyError(f"op curve points must be [bytes, seconds] pairs: {exc}") from None
+        if not points or any(
+            not (math.isfinite(b) and b > 0 and math.isfinite(t) and t > 0) for b, t in points
+        ):
+            raise TopologyError("an op curve needs points [bytes > 0, seconds > 0]")
+        if len({b for b, _ in points}) != len(points):
+            raise TopologyError("an op curve has two points at the same size")
+        object.__setattr__(self, "points", points)
+
+    def time_s(self, full_bytes: float, line_s: Callable[[float], float]) -> float:
+        """The op's time at ``full_bytes``: piecewise linear between the points.
+
+        Below the first point the curve takes the shape of the line ``line_s`` (the fitted
+        alpha-beta time of this dimension), scaled to meet that point; above the last it
+        continues the last segment's slope, which is the wire's own (the line's is fitted
+        over every size, and small ops bend it). One point: the line's shape both ways.
+        """
+        sizes = [b for b, _ in self.points]
+        if full_bytes <= sizes[0]:
+            first_b, first_t = self.points[0]
+            return first_t * line_s(full_bytes) / line_s(first_b) if line_s(first_b) > 0 else first_t
+        if full_bytes >= sizes[-1]:
+            last_b, last_t = self.points[-1]
+            if len(self.points) == 1:
+                return last_t + line_s(full_bytes) - line_s(last_b)
+            before_b, before_t = self.points[-2]
+            slope = max(0.0, (last_t - before_t) / (last_b - before_b))
+            return last_t + slope * (full_bytes - last_b)
+        right = bisect.bisect_left(sizes, full_bytes)
+        (b0, t0), (b1, t1) = self.points[right - 1], self.points[right]
+        return t0 + (t1 - t0) * (full_bytes - b0) / (b1 - b0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"dim": self.dim, "phase": self.phase, "points": [[b, t] for b, t in self.points]}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "OpCurve":
+        if not isinstance(data, dict) or set(data) != {"dim", "phase", "points"}:
+            raise TopologyError(f"an op curve is a mapping with dim, phase and points, got {data!r}")
+        points = data["points"]
+        if not isinstance(points, list) or any(
+            not isinstance(p, list | tuple) or len(p) != 2 for p in points
+        ):
+            raise TopologyError(f"op curve points must be [bytes, seconds] pairs, got {points!r}")
+        return cls(dim=data["dim"], phase=str(data["phase"]), points=tuple((p[0], p[1]) for p in points))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -48,9 +129,20 @@ class Overheads:
     """0: the local reduction is free (the plain alpha-beta model)."""
     concurrency_slowdown: float = 0.0
     jitter_s: float = 0.0
+    op_curves: tuple[OpCurve, ...] = ()
+    """Measured streamed op times per (dim, phase); empty: every op follows its line."""
 
     def __post_init__(self) -> None:
+        curves = tuple(self.op_curves)
+        if any(not isinstance(c, OpCurve) for c in curves):
+            raise TopologyError("overheads.op_curves must hold op curves")
+        keys = [(c.dim, c.phase) for c in curves]
+        if len(set(keys)) != len(keys):
+            raise TopologyError("overheads.op_curves has two curves for one dim and phase")
+        object.__setattr__(self, "op_curves", tuple(sorted(curves, key=lambda c: (c.dim, c.phase))))
         for item in fields(self):
+            if item.name == "op_curves":
+                continue
             value = getattr(self, item.name)
             if isinstance(value, str):  # YAML 1.1 reads 5e9 as a string
                 with contextlib.suppress(ValueError):
@@ -64,12 +156,18 @@ class Overheads:
     @property
     def is_zero(self) -> bool:
         """True for the plain alpha-beta model."""
-        return all(getattr(self, item.name) == 0 for item in fields(self))
+        return not self.op_curves and all(
+            getattr(self, item.name) == 0 for item in fields(self) if item.name != "op_curves"
+        )
 
     @property
     def is_linear(self) -> bool:
         """True when the LP and the deterministic simulator charge every term exactly."""
-        return self.concurrency_slowdown == 0 and self.jitter_s == 0
+        return self.concurrency_slowdown == 0 and self.jitter_s == 0 and not self.op_curves
+
+    def curve(self, dim: int, phase: str) -> OpCurve | None:
+        """The measured curve of ``phase`` ops on ``dim``, if calibrated."""
+        return next((c for c in self.op_curves if c.dim == dim and c.phase == phase), None)
 
     def reduction_s(self, group_npus: int, full_bytes: float) -> float:
         """Local reduction of one ReduceScatter over ``group_npus`` ranks on ``full_bytes``."""
@@ -83,8 +181,11 @@ class Overheads:
             return 0.0
         return 3.0 * (group_npus - 1) / group_npus / self.memory_bytes_per_s
 
-    def to_dict(self) -> dict[str, float]:
-        return {item.name: getattr(self, item.name) for item in fields(self)}
+    def to_dict(self) -> dict[str, Any]:
+        numbers: dict[str, Any] = {
+            item.name: getattr(self, item.name) for item in fields(self) if item.name != "op_curves"
+        }
+        return numbers | ({"op_curves": [c.to_dict() for c in self.op_curves]} if self.op_curves else {})
 
     @classmethod
     def from_dict(cls, data: Any) -> "Overheads":
@@ -96,7 +197,11 @@ class Overheads:
             raise TopologyError(
                 f"unknown overheads {', '.join(map(str, unknown))} (use {', '.join(sorted(known))})"
             )
-        return cls(**data)
+        curves = data.get("op_curves") or []
+        if not isinstance(curves, list):
+            raise TopologyError(f"overheads.op_curves must be a list, got {curves!r}")
+        numbers = {key: value for key, value in data.items() if key != "op_curves"}
+        return cls(**numbers, op_curves=tuple(OpCurve.from_dict(c) for c in curves))
 
     def describe(self) -> str:
         """One line for reports; ``none`` for the plain model."""
@@ -113,4 +218,6 @@ class Overheads:
             parts.append(f"+{100 * self.concurrency_slowdown:.3g}% per other busy dim")
         if self.jitter_s:
             parts.append(f"{self.jitter_s * 1e3:.3g} ms mean jitter")
+        if self.op_curves:
+            parts.append(f"streamed op times measured on {len({c.dim for c in self.op_curves})} dims")
         return ", ".join(parts)

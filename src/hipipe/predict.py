@@ -13,6 +13,12 @@ what separates many-chunk schedules from few-chunk ones on a real network
   later op at every hand-over, the expected makespan grows with the number of ops in
   parallel paths, not just with their sum.
 
+Where the calibration measured streamed op times (``op_curves``), a single-dimension op
+takes its curve's time at its size (plus the per-op cost) instead of its line's, and
+the jitter is centred on it: the curve is already a mean over arrivals, so an op pays
+the latest of its members' delays *minus that latest's mean*, which keeps the spread
+and the waits at hand-overs without charging the mean twice.
+
 :func:`predict` replays the schedule's own per-dimension sequences (what the executor
 runs) event by event, ``samples`` times with a seeded generator, and reports the
 median and the 10th/90th percentiles. With linear overheads only it returns the
@@ -97,6 +103,20 @@ def latest_arrival_quantile(members: int, fraction: float) -> float:
     return latest_arrival_s(1.0, members, fraction)
 
 
+def op_durations_s(schedule: Schedule) -> tuple[list[float], list[float]]:
+    """Per op, ``(fixed part, wire part)`` of its duration before concurrency and jitter.
+
+    The calibration fits the jitter on what a traced run's ops took beyond these.
+    """
+    tables = _ReplayTables.of(schedule)
+    return list(tables.fixed_s), list(tables.wire_s)
+
+
+def _harmonic(members: int) -> float:
+    """``1 + 1/2 + ... + 1/n``: the mean of the latest of ``n`` unit-mean exponential delays."""
+    return sum(1.0 / i for i in range(1, members + 1))
+
+
 def _percentile(sorted_values: list[float], fraction: float) -> float:
     position = fraction * (len(sorted_values) - 1)
     low = math.floor(position)
@@ -119,7 +139,8 @@ class _ReplayTables:
     wire_s: list[float]
     """The part of each op the concurrency stretches (bytes over the wire)."""
     fixed_s: list[float]
-    """The rest: latency, per-op cost, local reduction."""
+    """The rest: latency, per-op cost, local reduction (or, on a measured curve, the curve's
+    time less the wire part and less the mean delay the jitter adds)."""
     group_npus: list[int]
     next_on_dim: list[list[int]]
     """Per op, the op after it in the sequence of each of its dims."""
@@ -144,9 +165,24 @@ class _ReplayTables:
             for earlier, later in itertools.pairwise(schedule.chunk_ops(chunk.index)):
                 chain_next[earlier.index] = later.index
                 has_chain_prev[later.index] = True
+        overheads = topology.overheads
+        fixed_s = [op_time_s(topology, op.dims, op.full_bytes, op.phase) - wire_s[op.index] for op in ops]
+        for op in ops:
+            curve = overheads.curve(op.dims[0], op.phase.value) if len(op.dims) == 1 else None
+            if curve is None:
+                continue
+            dims = op.dims
+
+            def line_s(full_bytes: float, dims: tuple[int, ...] = dims) -> float:
+                return op_time_s(topology, dims, full_bytes) - overheads.op_s
+
+            mean_delay_s = overheads.jitter_s * _harmonic(group_size(topology, op.dims))
+            fixed_s[op.index] = (
+                curve.time_s(op.full_bytes, line_s) + overheads.op_s - wire_s[op.index] - mean_delay_s
+            )
         return cls(
             wire_s=wire_s,
-            fixed_s=[op_time_s(topology, op.dims, op.full_bytes, op.phase) - wire_s[op.index] for op in ops],
+            fixed_s=fixed_s,
             group_npus=[group_size(topology, op.dims) for op in ops],
             next_on_dim=next_on_dim,
             chain_next=chain_next,
@@ -184,6 +220,7 @@ def _replay(schedule: Schedule, tables: _ReplayTables, rng: random.Random) -> tu
         )
         if overheads.jitter_s:
             duration_s += latest_arrival_s(overheads.jitter_s, tables.group_npus[index], rng.random())
+        duration_s = max(0.0, duration_s)  # a centred delay never makes an op end before it starts
         start_at_s[index] = start_s
         end_s[index] = start_s + duration_s
         done += 1

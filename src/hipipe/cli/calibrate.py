@@ -40,7 +40,7 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
     parser.add_argument(
         "--sizes",
         default=None,
-        help="per-rank op sizes to time (default: five sizes, 1/256 to 1 of ~1 s on the slowest dimension;"
+        help="per-rank op sizes to time (default: nine sizes a factor 2 apart, 1/256 to 1 of ~1 s on the slowest dimension;"
         f" under torchrun {','.join(format_size(s).replace(' ', '') for s in DEFAULT_CALIBRATION_SIZES_BYTES)})",
     )
     parser.add_argument(

@@ -46,8 +46,10 @@ def measure_in_process(
     """Time ring RS and AG on each dimension; call on every rank of an initialized world.
 
     ``groups`` are the per-dimension process groups (:func:`hipipe.torch.groups.dimension_groups`).
-    Every sample is the maximum over ranks (the op ends when its slowest rank ends).
-    One untimed warm-up per dimension opens the Gloo connections first.
+    Every sample is the maximum over ranks (the op ends when its slowest rank ends) of a
+    *streamed* run: ops back to back on the ring, as a schedule runs them on a dimension,
+    timed together and divided by their number. On a shared host a lone op and a
+    streamed one differ (docs/MODEL.md section 10), and schedules stream.
 
     With ``concurrent_window_s > 0`` a second pass times every dimension *while the
     others are busy too*, as in a pipelined schedule: each dimension repeats its op for
@@ -58,12 +60,16 @@ def measure_in_process(
     rings = [rings_for_layout(sizes, list(groups))[(k,)] for k in range(len(sizes))]
     samples: list[Sample] = []
     for dim, ring in enumerate(rings):
-        for position, size_bytes in enumerate([min(sizes_bytes), *sizes_bytes]):
-            for _ in range(1 if position == 0 else repeats):
+        for size_bytes in sizes_bytes:
+            # One untimed op (the first also opens the connections) whose time sets how
+            # many ops the timed runs stream: about STREAM_WINDOW_S each.
+            dist.barrier()
+            probe_s = max(slowest_rank_s(_time_rs_ag(ring, size_bytes, 1, timeout_s)))
+            count = streamed_ops(probe_s)
+            for _ in range(repeats):
                 dist.barrier()
-                times = slowest_rank_s(_time_rs_ag(ring, size_bytes, 1, timeout_s))
-                if position > 0:
-                    samples += _samples(dim, size_bytes, times)
+                times = slowest_rank_s(_time_rs_ag(ring, size_bytes, count, timeout_s))
+                samples += _samples(dim, size_bytes, (times[0] / count, times[1] / count), streamed_ops=count)
     if concurrent_window_s <= 0 or len(sizes) < 2:
         return samples
     fits = fit_all(sizes, samples)  # identical on every rank: the samples are maxima over ranks
@@ -79,9 +85,28 @@ def measure_in_process(
             for dim in range(len(sizes)):
                 rs_s, ag_s = per_dim[2 * dim : 2 * dim + 2]
                 concurrent += _samples(
-                    dim, size_bytes, (rs_s / counts[dim], ag_s / counts[dim]), concurrent=True
+                    dim,
+                    size_bytes,
+                    (rs_s / counts[dim], ag_s / counts[dim]),
+                    concurrent=True,
+                    streamed_ops=counts[dim],
                 )
     return samples + concurrent
+
+
+STREAM_WINDOW_S = 0.25
+"""About how long each timed calibration run streams ops for."""
+
+MAX_STREAMED_OPS = 16
+
+
+def streamed_ops(probe_s: float) -> int:
+    """Ops per timed run: about :data:`STREAM_WINDOW_S` of them, 1 to :data:`MAX_STREAMED_OPS`.
+
+    ``probe_s`` is one RS plus one AG, the slowest rank's (the same on every rank, so all
+    agree on the count).
+    """
+    return max(1, min(MAX_STREAMED_OPS, math.ceil(STREAM_WINDOW_S / max(probe_s / 2, 1e-9))))
 
 
 def measure_overhead_in_process(
@@ -181,11 +206,20 @@ def share_from_rank0(make: Callable[[], str]) -> str:
     return str(shared[1])
 
 
-def _samples(dim: int, size_bytes: int, times: Sequence[float], *, concurrent: bool = False) -> list[Sample]:
+def _samples(
+    dim: int, size_bytes: int, times: Sequence[float], *, concurrent: bool = False, streamed_ops: int = 1
+) -> list[Sample]:
     full_bytes = max(1, size_bytes // 4) * 4
     return [
-        Sample(dim=dim, phase="RS", full_bytes=full_bytes, time_s=float(times[0]), concurrent=concurrent),
-        Sample(dim=dim, phase="AG", full_bytes=full_bytes, time_s=float(times[1]), concurrent=concurrent),
+        Sample(
+            dim=dim,
+            phase=phase,
+            full_bytes=full_bytes,
+            time_s=float(time_s),
+            concurrent=concurrent,
+            streamed_ops=streamed_ops,
+        )
+        for phase, time_s in zip(("RS", "AG"), times[:2], strict=True)
     ]
 
 

@@ -22,23 +22,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from hipipe.cost import group_size, op_time_s
-from hipipe.overheads import Overheads
+from hipipe.cost import group_size
+from hipipe.overheads import OpCurve, Overheads
 from hipipe.planners import plan
-from hipipe.predict import latest_arrival_quantile, predicted_s
+from hipipe.predict import latest_arrival_quantile, op_durations_s, predicted_s
 from hipipe.schedule import Schedule
 from hipipe.simulator import simulate_chunks
 from hipipe.testbed.layout import TestbedError
 from hipipe.topology import Algorithm, Dimension, Kind, Topology
 
-DEFAULT_CALIBRATION_SIZES_BYTES: tuple[int, ...] = (
-    32 * 1024,
-    128 * 1024,
-    1024 * 1024,
-    4 * 1024 * 1024,
-    8 * 1024 * 1024,
-)
-"""Per-rank buffer sizes of the calibration ops: spans the chunk sizes plans use."""
+DEFAULT_CALIBRATION_SIZES_BYTES: tuple[int, ...] = tuple(2**k * 1024 for k in range(5, 14))
+"""Per-rank buffer sizes of the calibration ops, 32 KiB to 8 MiB a factor 2 apart: spans
+the chunk sizes plans use, densely enough for the streamed op curves to interpolate."""
 
 MIN_BANDWIDTH_BYTES_PER_S = 1.0
 
@@ -56,16 +51,19 @@ def calibration_sizes_bytes(
 ) -> tuple[int, ...]:
     """Sizes whose largest op takes about ``largest_op_s`` on the slowest dimension.
 
-    Five sizes a factor 4 apart (1/256 .. 1 of the largest), so both the constant and the
+    Nine sizes a factor 2 apart (1/256 .. 1 of the largest), so both the constant and the
     slope are seen, down to the few-KiB pieces a 64-chunk plan's ops carry on its second
-    dim (the line's constant there is what many-op schedules pay most); the largest is
+    dim (the line's constant there is what many-op schedules pay most), and densely: the
+    streamed op curves interpolate between these points, and a factor 4 left 25% errors
+    where the time bends from its constant to its slope (a 32 KiB op read as 11.2 ms off
+    points at 8 and 45 KiB; it takes 8.7 ms). The largest is
     kept between 256 KiB and 8 MiB so a calibration takes seconds at 10 Mbit/s and still
     sees megabytes at 1 Gbit/s.
     """
     slowest_bytes_per_s = min(rates_bits_per_s) / 8
     largest = int(min(8 * 2**20, max(256 * 1024, slowest_bytes_per_s * largest_op_s)))
     largest -= largest % 4096
-    return tuple(sorted({max(4096, largest // f - (largest // f) % 4096) for f in (256, 64, 16, 4, 1)}))
+    return tuple(sorted({max(4096, largest // 2**k - (largest // 2**k) % 4096) for k in range(9)}))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -78,8 +76,11 @@ class Sample:
     full_bytes: int
     """Per-rank buffer on the op's wide side (RS input, AG output)."""
     time_s: float
+    """Seconds per op: a streamed run's total over its ops."""
     concurrent: bool = False
     """Timed while every other dimension ran its own ops too (the concurrency pass)."""
+    streamed_ops: int = 1
+    """How many ops ran back to back in the timed run (this sample is their mean)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -129,18 +130,15 @@ def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
 def fit_dim(dim: int, size: int, samples: Sequence[Sample]) -> DimFit:
     """Fit one dimension's samples (RS and AG pooled: the model charges them alike).
 
-    Repeats of one (phase, size) are first reduced to their minimum: noise on a shared
-    host only ever adds time (one descheduled rank can stretch a small op tenfold), so
-    the minimum is the op's own cost. The typical extra cost inside real runs is
-    measured separately, as the per-op overhead (:func:`fit_overheads`).
+    Each sample is the mean op of a streamed run (ops back to back, as a schedule runs
+    them on a dimension) and repeats of one (phase, size) are reduced to their median:
+    the typical op, which is what a schedule's many ops add up to.
     """
     mine = [s for s in samples if s.dim == dim and not s.concurrent]
-    groups: dict[tuple[str, int], list[float]] = {}
-    for sample in mine:
-        groups.setdefault((sample.phase, sample.full_bytes), []).append(sample.time_s)
+    groups = _typical_times_s(mine)
     keys = sorted(groups)
     xs = [(size - 1) / size * full_bytes for _, full_bytes in keys]
-    ys = [min(groups[key]) for key in keys]
+    ys = [groups[key] for key in keys]
     intercept, slope = fit_line(xs, ys)
     constant = intercept
     if intercept < 0:
@@ -160,6 +158,31 @@ def fit_dim(dim: int, size: int, samples: Sequence[Sample]) -> DimFit:
         max_relative_residual=residual,
         num_samples=len(mine),
     )
+
+
+def _typical_times_s(samples: Sequence[Sample]) -> dict[tuple[str, int], float]:
+    """``(phase, full_bytes)`` -> the median time per op over the repeats."""
+    groups: dict[tuple[str, int], list[float]] = {}
+    for sample in samples:
+        groups.setdefault((sample.phase, sample.full_bytes), []).append(sample.time_s)
+    return {key: statistics.median(values) for key, values in groups.items()}
+
+
+def fit_op_curves(fits: Sequence[DimFit], samples: Sequence[Sample]) -> tuple[OpCurve, ...]:
+    """Per (dim, phase), the measured streamed op times as a curve (:class:`OpCurve`).
+
+    The line of :func:`fit_dim` cannot follow them: a small op pays per ring step for the
+    ranks to be scheduled, which a large op's transfer hides (docs/MODEL.md section 10),
+    so the curve is what :mod:`hipipe.predict` reads single-dimension ops off.
+    """
+    curves = []
+    for fit in fits:
+        typical = _typical_times_s([s for s in samples if s.dim == fit.dim and not s.concurrent])
+        for phase in ("RS", "AG"):
+            points = tuple((float(b), t) for (p, b), t in sorted(typical.items()) if p == phase)
+            if points:
+                curves.append(OpCurve(dim=fit.dim, phase=phase, points=points))
+    return tuple(curves)
 
 
 def calibrated_topology(
@@ -226,7 +249,7 @@ def fit_concurrency_slowdown(fits: Sequence[DimFit], samples: Sequence[Sample]) 
     """Slowdown per other busy dim, from the concurrency pass against the isolated ops.
 
     For each dim and each of its :data:`CONCURRENCY_SIZES` largest sizes: the median
-    concurrent time over the fastest isolated one, minus 1, over the wire share of the
+    concurrent time over the median isolated one, minus 1, over the wire share of the
     isolated op and over ``D - 1`` (every other dim was busy). The median of those.
     0 without a concurrency pass or with one dim.
     """
@@ -242,17 +265,21 @@ def fit_concurrency_slowdown(fits: Sequence[DimFit], samples: Sequence[Sample]) 
             if not isolated or not concurrent:
                 continue
             wire_s = fit.predict_s(size) - fit.constant_s
-            stretch_s = statistics.median(concurrent) - min(isolated)
+            stretch_s = statistics.median(concurrent) - statistics.median(isolated)
             estimates.append(stretch_s / wire_s / (len(fits) - 1) if wire_s > 0 else 0.0)
     return max(0.0, statistics.median(estimates)) if estimates else 0.0
 
 
 def fit_overheads(
-    fits: Sequence[DimFit], run: OverheadRun, *, concurrency_slowdown: float = 0.0
+    fits: Sequence[DimFit],
+    run: OverheadRun,
+    *,
+    concurrency_slowdown: float = 0.0,
+    op_curves: Sequence[OpCurve] = (),
 ) -> Overheads:
     """Every calibrated term from one pipelined run (docs/MODEL.md section 10).
 
-    - memory bandwidth: measured directly;
+    - streamed op times (``op_curves``) and memory bandwidth: measured directly;
     - hand-off: the median wait of an op whose dimension was already free when its
       chunk's previous op (on another dimension) ended;
     - concurrency: given (:func:`fit_concurrency_slowdown`, from the concurrency pass);
@@ -264,7 +291,9 @@ def fit_overheads(
     base = calibrated_topology(
         fits,
         overheads=Overheads(
-            memory_bytes_per_s=run.memory_bytes_per_s, concurrency_slowdown=concurrency_slowdown
+            memory_bytes_per_s=run.memory_bytes_per_s,
+            concurrency_slowdown=concurrency_slowdown,
+            op_curves=tuple(op_curves),
         ),
     )
     schedule = replace(run.schedule, topology=base)
@@ -338,14 +367,16 @@ def _fit_handoff_s(schedule: Schedule, op_times_s: Sequence[tuple[float, float]]
 def _fit_jitter_s(schedule: Schedule, op_times_s: Sequence[tuple[float, float]]) -> float:
     """The mean arrival delay from rank 0's traced op durations.
 
-    Each op's excess over the model (``schedule``'s topology: the lines, the per-op cost,
-    the reduction, the slowdown for the other dims busy at its start in the trace) is,
+    Each op's excess over the model (``schedule``'s topology without jitter: the lines or
+    the streamed op curves, the per-op cost, the reduction, the slowdown for the other
+    dims busy at its start in the trace) is,
     per group size n, spread like the latest of n arrivals: the mean delay whose
     latest-of-n has that median absolute deviation (:func:`latest_arrival_mad`),
     averaged over the ops. Robust to the rare op a descheduled rank stretches tenfold.
     """
     topology = schedule.topology
     slowdown = topology.overheads.concurrency_slowdown
+    fixed_s, wire_s = op_durations_s(schedule)
     left: dict[int, list[float]] = {}
     for op in schedule.ops:
         start_s, end_s = op_times_s[op.index]
@@ -355,8 +386,7 @@ def _fit_jitter_s(schedule: Schedule, op_times_s: Sequence[tuple[float, float]])
             if k not in op.dims
             and any(op_times_s[i][0] <= start_s < op_times_s[i][1] for i in schedule.sequences[k])
         )
-        wire_s = op_time_s(topology, op.dims, op.full_bytes) - op_time_s(topology, op.dims, 0.0)
-        modelled_s = op_time_s(topology, op.dims, op.full_bytes, op.phase) + slowdown * others * wire_s
+        modelled_s = fixed_s[op.index] + wire_s[op.index] * (1 + slowdown * others)
         left.setdefault(group_size(topology, op.dims), []).append(end_s - start_s - modelled_s)
     estimates = [
         (len(values), _mad(values) / latest_arrival_mad(n)) for n, values in left.items() if len(values) >= 2
@@ -434,11 +464,14 @@ def calibration_from_samples(
     """
     fits = fit_all(sizes, samples)
     concurrency = fit_concurrency_slowdown(fits, samples)
+    curves = fit_op_curves(fits, samples)
     if overhead is None or not overhead.times_s:
-        return Calibration(fits=tuple(fits), overheads=Overheads(concurrency_slowdown=concurrency))
+        return Calibration(
+            fits=tuple(fits), overheads=Overheads(concurrency_slowdown=concurrency, op_curves=curves)
+        )
     return Calibration(
         fits=tuple(fits),
-        overheads=fit_overheads(fits, overhead, concurrency_slowdown=concurrency),
+        overheads=fit_overheads(fits, overhead, concurrency_slowdown=concurrency, op_curves=curves),
         overhead_message_bytes=overhead.schedule.message_bytes,
         overhead_times_s=tuple(overhead.times_s),
     )

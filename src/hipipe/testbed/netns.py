@@ -80,8 +80,24 @@ def link_commands(layout: Layout) -> list[list[str]]:
             [*rank_ip, "link", "set", ifname, "gso_max_size", "16384"],
             [*rank_ip, "addr", "add", f"{layout.rank_address(rank)}/24", "dev", ifname],
             [*rank_ip, "link", "set", ifname, "up"],
+            # Pin TCP to loss-based cubic on the testbed's subnet, whatever the host's
+            # default: BBR paces each connection at its own estimate of the bottleneck,
+            # and on an htb class with a collective's app-limited bursts that estimate
+            # ran some message sizes at half the class rate (64 KiB ReduceScatters on a
+            # 25 Mbit/s ring of 4: 1.94x their wire time under BBR, 1.08x under cubic;
+            # 56 KiB ones 1.04x under both), so op time was not a function of bytes.
+            [
+                *rank_ip,
+                *("route", "replace", f"{layout.subnet_base}.0/24", "dev", ifname),
+                *("proto", "kernel", "scope", "link", "src", layout.rank_address(rank)),
+                *("congctl", TCP_CONGESTION_CONTROL),
+            ],
         ]
     return commands
+
+
+TCP_CONGESTION_CONTROL = "cubic"
+"""Congestion control of every rank-to-rank connection (per route; see :func:`link_commands`)."""
 
 
 RANK_SYSCTLS: tuple[str, ...] = ("net.ipv4.tcp_slow_start_after_idle=0",)
