@@ -284,7 +284,9 @@ def test_concurrency_slowdown_is_recovered_from_the_concurrency_pass() -> None:
         for b in sizes:
             wire_s = b * (n - 1) / n / bw
             samples.append(Sample(dim=k, phase="RS", full_bytes=b, time_s=c + wire_s))
-            samples.append(Sample(dim=k, phase="RS", full_bytes=b, time_s=c + wire_s * 1.3, concurrent=True))
+            samples.append(
+                Sample(dim=k, phase="RS", full_bytes=b, time_s=(c + wire_s) * 1.3, concurrent=True)
+            )
     fits = fit_all([n for n, _, _ in lines], samples)
     assert fits[1].bandwidth_bytes_per_s == pytest.approx(24e6, rel=1e-6)  # lines from isolated ops only
     assert fit_concurrency_slowdown(fits, samples) == pytest.approx(0.3, rel=1e-6)

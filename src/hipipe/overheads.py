@@ -15,9 +15,9 @@ calibrate`` can measure it and every consumer charges the same thing:
   reducing step reads two buffers and writes one, so a ReduceScatter over ``n`` ranks
   on ``S`` bytes pays ``3 (n-1)/n S / memory_bytes_per_s`` (ASTRA-sim's
   ``local-mem-bw``). 0 means not charged. Linear in bytes.
-- ``concurrency_slowdown``: the fraction by which an op's bandwidth term grows for
-  each *other* dimension moving data on the rank when it starts (shared cores, NIC
-  or memory). Not linear: :mod:`hipipe.predict` applies it.
+- ``concurrency_slowdown``: the fraction by which an op's time grows for each *other*
+  dimension moving data on the rank when it starts (shared cores, NIC or memory; on
+  a shared host the cores matter as much as the wire, so the whole op stretches). Not linear: :mod:`hipipe.predict` applies it.
 - ``jitter_s``: the mean of the random delay with which each member of an op's group
   arrives (exponential: a thread woken late, a rank descheduled). An op starts when its
   last member arrives, so it pays the maximum of ``n`` such delays (``n`` the group's

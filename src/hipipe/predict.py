@@ -6,8 +6,8 @@ Two measured effects are not linear, and both grow with the number of ops, so th
 what separates many-chunk schedules from few-chunk ones on a real network
 (:mod:`hipipe.overheads`):
 
-- *concurrency*: an op's bandwidth term is stretched by ``concurrency_slowdown`` for
-  each other dimension that is moving data on the rank when it starts;
+- *concurrency*: an op's time is stretched by ``concurrency_slowdown`` for each other
+  dimension that is moving data on the rank when it starts;
 - *jitter*: each member of an op's group arrives with an exponential delay of mean
   ``jitter_s`` and the op pays the latest of them; since a pipeline also waits for the
   later op at every hand-over, the expected makespan grows with the number of ops in
@@ -137,7 +137,7 @@ class _ReplayTables:
     """What every replay of one schedule shares: per-op durations and successors."""
 
     wire_s: list[float]
-    """The part of each op the concurrency stretches (bytes over the wire)."""
+    """The bytes-over-the-wire part of each op."""
     fixed_s: list[float]
     """The rest: latency, per-op cost, local reduction (or, on a measured curve, the curve's
     time less the wire part and less the mean delay the jitter adds)."""
@@ -215,7 +215,7 @@ def _replay(schedule: Schedule, tables: _ReplayTables, rng: random.Random) -> tu
         start_s, index = heapq.heappop(heap)
         op = ops[index]
         others = sum(1 for k in range(topology.num_dims) if k not in op.dims and dim_busy_until[k] > start_s)
-        duration_s = tables.fixed_s[index] + tables.wire_s[index] * (
+        duration_s = (tables.fixed_s[index] + tables.wire_s[index]) * (
             1 + overheads.concurrency_slowdown * others
         )
         if overheads.jitter_s:

@@ -41,10 +41,6 @@ CONCURRENT_WINDOW_S = 1.0
 """How long each dimension repeats its op in the concurrent calibration pass (0: no pass,
 no concurrency term). One second per size and repeat: ~15 s on a 5-size calibration."""
 
-CONCURRENCY_SIZES = 2
-"""The largest sizes compare concurrent with isolated ops: their time is mostly wire time,
-which is what the slowdown stretches (small ops are noise-dominated)."""
-
 
 def calibration_sizes_bytes(
     rates_bits_per_s: Sequence[float], *, largest_op_s: float = 1.0
@@ -248,10 +244,11 @@ class OverheadRun:
 def fit_concurrency_slowdown(fits: Sequence[DimFit], samples: Sequence[Sample]) -> float:
     """Slowdown per other busy dim, from the concurrency pass against the isolated ops.
 
-    For each dim and each of its :data:`CONCURRENCY_SIZES` largest sizes: the median
-    concurrent time over the median isolated one, minus 1, over the wire share of the
-    isolated op and over ``D - 1`` (every other dim was busy). The median of those.
-    0 without a concurrency pass or with one dim.
+    For each dim and size: the median concurrent time over the median isolated one,
+    minus 1, over ``D - 1`` (every other dim was busy). The median of those. The whole
+    op stretches, not just its wire time: on a shared host the other dims' threads take
+    the cores a small op's steps need as much as they share the NIC. 0 without a
+    concurrency pass or with one dim.
     """
     if len(fits) < 2:
         return 0.0
@@ -259,14 +256,13 @@ def fit_concurrency_slowdown(fits: Sequence[DimFit], samples: Sequence[Sample]) 
     for fit in fits:
         alone = [s for s in samples if s.dim == fit.dim and not s.concurrent]
         busy = [s for s in samples if s.dim == fit.dim and s.concurrent]
-        for size in sorted({s.full_bytes for s in busy})[-CONCURRENCY_SIZES:]:
+        for size in sorted({s.full_bytes for s in busy}):
             isolated = [s.time_s for s in alone if s.full_bytes == size]
             concurrent = [s.time_s for s in busy if s.full_bytes == size]
             if not isolated or not concurrent:
                 continue
-            wire_s = fit.predict_s(size) - fit.constant_s
-            stretch_s = statistics.median(concurrent) - statistics.median(isolated)
-            estimates.append(stretch_s / wire_s / (len(fits) - 1) if wire_s > 0 else 0.0)
+            ratio = statistics.median(concurrent) / statistics.median(isolated)
+            estimates.append((ratio - 1) / (len(fits) - 1))
     return max(0.0, statistics.median(estimates)) if estimates else 0.0
 
 
@@ -386,7 +382,7 @@ def _fit_jitter_s(schedule: Schedule, op_times_s: Sequence[tuple[float, float]])
             if k not in op.dims
             and any(op_times_s[i][0] <= start_s < op_times_s[i][1] for i in schedule.sequences[k])
         )
-        modelled_s = fixed_s[op.index] + wire_s[op.index] * (1 + slowdown * others)
+        modelled_s = (fixed_s[op.index] + wire_s[op.index]) * (1 + slowdown * others)
         left.setdefault(group_size(topology, op.dims), []).append(end_s - start_s - modelled_s)
     estimates = [
         (len(values), _mad(values) / latest_arrival_mad(n)) for n, values in left.items() if len(values) >= 2
