@@ -370,3 +370,15 @@ def test_bench_tune_json_on_a_tiny_testbed(
     assert cell["pairs"]["of"] == 1 and len(cell["goals"]) == 4
     assert math.isfinite(cell["planners"][TUNED_NAME]["measured_over_predicted"])
     assert not (tmp_path / "bench.png").exists()
+
+
+def test_a_cached_tuned_schedule_is_named_in_the_report() -> None:
+    from dataclasses import replace
+
+    result = result_of(GOOD_ROWS)
+    topology = result.topology
+    cached = plan(topology, MIB, "hipipe", num_chunks=3)
+    with_cache = replace(result, config=replace(result.config, tuned=(cached,)))
+    cell = cell_fidelity(with_cache, MIB)
+    assert cell.tuned_choice == f"hipipe K={cached.num_chunks}, from the cache"
+    assert cell_fidelity(result, MIB).tuned_choice is None  # no tuning, no cache: nothing kept

@@ -169,7 +169,8 @@ class CellFidelity:
     """hipipe's reduction vs themis (NaN when either did not run)."""
     tuned: TunedCheck | None
     tuned_choice: str | None
-    """The candidate the tuning kept (``hipipe K=6``, ``themis``); None if not tuned in this run."""
+    """The candidate the tuning kept (``hipipe K=6``, ``themis``), this run's or the cache's; None
+    without a hipipe-tuned row."""
     goals: tuple[Goal, ...]
 
     @property
@@ -183,6 +184,14 @@ class CellFidelity:
     @property
     def reduction_gap_points(self) -> float:
         return 100 * (self.reduction_measured - self.reduction_simulated)
+
+
+def cached_choice(result: BenchResult, message_bytes: int) -> str | None:
+    """What a tuning cache (``bench --tuned``) kept for ``message_bytes``: its planner and chunks."""
+    schedule = next((s for s in result.config.tuned if s.message_bytes == message_bytes), None)
+    if schedule is None:
+        return None
+    return f"{schedule.planner} K={schedule.num_chunks}, from the cache"
 
 
 def ratio_planners(rows: Sequence[BenchRow]) -> list[BenchRow]:
@@ -209,7 +218,7 @@ def cell_fidelity(
         reduction_measured=measured,
         reduction_simulated=simulated,
         tuned=tuned_check(rows),
-        tuned_choice=entry.chosen if entry is not None else None,
+        tuned_choice=entry.chosen if entry is not None else cached_choice(result, message_bytes),
         goals=(),
     )
     goals = (

@@ -44,9 +44,9 @@ class BenchConfig:
     """None: :func:`calibration_sizes_bytes` of the rates."""
     calibration_repeats: int = 3
     calibration_concurrent_s: float = CONCURRENT_WINDOW_S
+    """Window of the concurrent calibration pass (every dimension busy); 0: isolated only."""
     calibrate_overhead: bool = True
     """Also measure the per-op overhead inside a pipelined run (:func:`fit_overheads`)."""
-    """Window of the concurrent calibration pass (every dimension busy); 0: isolated only."""
     rate_check_s: float = 1.0
     """Seconds of rate check per dimension before the runs; 0 skips it."""
     gantt_planner: str = "hipipe"
