@@ -149,3 +149,26 @@ def test_single_dim_ops_take_their_curve_time_and_jitter_is_centred_on_it() -> N
     mean_s = sum(e[first_rs] - s[first_rs] for s, e in many) / len(many)
     curve_s = ends[first_rs] - starts[first_rs]
     assert mean_s == pytest.approx(curve_s, rel=0.02)  # the curve is already the mean
+
+
+def test_a_busy_curve_charges_its_share_of_the_other_dims_that_are_busy() -> None:
+    schedule = plan(PRESETS["tpu-2d"](), 64 * MIB, "pipelined", num_chunks=8)
+
+    def flat(seconds: float, *, busy: bool) -> tuple[OpCurve, ...]:
+        return tuple(
+            OpCurve(dim=k, phase=p, points=((1.0, seconds), (2.0**40, seconds)), busy=busy)
+            for k in (0, 1)
+            for p in ("RS", "AG")
+        )
+
+    alone = replace(schedule, topology=_tpu(Overheads(op_curves=flat(1e-3, busy=False))))
+    both = replace(
+        schedule, topology=_tpu(Overheads(op_curves=flat(1e-3, busy=False) + flat(3e-3, busy=True)))
+    )
+    starts, ends = replay_op_times_s(alone, random.Random(0))
+    assert all(e - s == pytest.approx(1e-3) for s, e in zip(starts, ends, strict=True))
+    starts, ends = replay_op_times_s(both, random.Random(0))
+    durations = sorted(round(e - s, 9) for s, e in zip(starts, ends, strict=True))
+    # two dims: an op starting while the other dim is busy takes the busy time, else the alone time
+    assert set(durations) == {1e-3, 3e-3}
+    assert predict(both).median_s > predict(alone).median_s

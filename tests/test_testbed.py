@@ -25,6 +25,7 @@ from hipipe.testbed.fit import (
     OverheadRun,
     Sample,
     calibrated_topology,
+    calibration_from_samples,
     calibration_sizes_bytes,
     fit_all,
     fit_concurrency_slowdown,
@@ -424,9 +425,14 @@ def test_streamed_samples_become_one_curve_per_dim_and_phase() -> None:
     ]
     samples.append(Sample(dim=0, phase="RS", full_bytes=1 << 16, time_s=9.0, concurrent=True))
     curves = fit_op_curves(fits, samples)
-    assert sorted((c.dim, c.phase) for c in curves) == [(0, "AG"), (0, "RS"), (1, "AG"), (1, "RS")]
-    # the median of the isolated repeats: the concurrent sample is not a point
-    assert all(c.points == ((65536.0, 0.011), (1048576.0, 0.06)) for c in curves)
+    alone = [c for c in curves if not c.busy]
+    assert sorted((c.dim, c.phase) for c in alone) == [(0, "AG"), (0, "RS"), (1, "AG"), (1, "RS")]
+    # the median of the isolated repeats: the concurrent sample is not one of their points
+    assert all(c.points == ((65536.0, 0.011), (1048576.0, 0.06)) for c in alone)
+    [busy] = [c for c in curves if c.busy]  # it makes the busy curve of its dim and phase
+    assert (busy.dim, busy.phase, busy.points) == (0, "RS", ((65536.0, 9.0),))
+    calibration = calibration_from_samples([2, 4], samples)
+    assert calibration.overheads.concurrency_slowdown == 0.0  # the busy curve carries it
 
 
 def test_streamed_runs_last_about_a_window() -> None:

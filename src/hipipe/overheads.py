@@ -33,7 +33,12 @@ calibrate`` can measure it and every consumer charges the same thing:
   the size (on the 2-core testbed, 64 KiB ops on a 25 Mbit/s ring of 4 take 2.0x their
   wire time, 4 MiB ops 1.05x), so :mod:`hipipe.predict` reads single-dimension ops off
   these curves (interpolated) instead of the line, and the jitter then only spreads
-  them around that mean. Not linear: the LP and the simulator keep the lines.
+  them around that mean. A second, ``busy`` curve per (dim, phase), timed while every
+  other dim streamed its own ops, gives the op's time when it shares the rank: an op
+  that starts with ``m`` of the ``D - 1`` other dims busy takes its alone time plus
+  ``m / (D - 1)`` of the difference (with busy curves the scalar concurrency slowdown
+  is not fitted: on a 2-core host the contention is for the cores, so it is large for
+  small ops and small for large ones). Not linear: the LP and the simulator keep the lines.
 
 All default to zero: a topology without ``overheads`` is the plain alpha-beta model.
 """
@@ -63,6 +68,9 @@ class OpCurve:
     phase: str
     """``RS`` or ``AG``."""
     points: tuple[tuple[float, float], ...]
+    busy: bool = False
+    """Timed while every other dimension streamed its own ops too (the concurrency pass):
+    what the op takes when it shares the rank with all the others."""
 
     def __post_init__(self) -> None:
         if self.phase not in PHASES:
@@ -105,18 +113,31 @@ class OpCurve:
         return t0 + (t1 - t0) * (full_bytes - b0) / (b1 - b0)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"dim": self.dim, "phase": self.phase, "points": [[b, t] for b, t in self.points]}
+        data = {"dim": self.dim, "phase": self.phase, "points": [[b, t] for b, t in self.points]}
+        return data | ({"busy": True} if self.busy else {})
 
     @classmethod
     def from_dict(cls, data: Any) -> "OpCurve":
-        if not isinstance(data, dict) or set(data) != {"dim", "phase", "points"}:
-            raise TopologyError(f"an op curve is a mapping with dim, phase and points, got {data!r}")
+        if not isinstance(data, dict) or not {"dim", "phase", "points"} <= set(data) <= {
+            "dim",
+            "phase",
+            "points",
+            "busy",
+        }:
+            raise TopologyError(f"an op curve is a mapping with dim, phase, points (and busy), got {data!r}")
+        if not isinstance(data.get("busy", False), bool):
+            raise TopologyError(f"an op curve's busy must be true or false, got {data['busy']!r}")
         points = data["points"]
         if not isinstance(points, list) or any(
             not isinstance(p, list | tuple) or len(p) != 2 for p in points
         ):
             raise TopologyError(f"op curve points must be [bytes, seconds] pairs, got {points!r}")
-        return cls(dim=data["dim"], phase=str(data["phase"]), points=tuple((p[0], p[1]) for p in points))
+        return cls(
+            dim=data["dim"],
+            phase=str(data["phase"]),
+            points=tuple((p[0], p[1]) for p in points),
+            busy=data.get("busy", False),
+        )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -136,10 +157,10 @@ class Overheads:
         curves = tuple(self.op_curves)
         if any(not isinstance(c, OpCurve) for c in curves):
             raise TopologyError("overheads.op_curves must hold op curves")
-        keys = [(c.dim, c.phase) for c in curves]
+        keys = [(c.dim, c.phase, c.busy) for c in curves]
         if len(set(keys)) != len(keys):
             raise TopologyError("overheads.op_curves has two curves for one dim and phase")
-        object.__setattr__(self, "op_curves", tuple(sorted(curves, key=lambda c: (c.dim, c.phase))))
+        object.__setattr__(self, "op_curves", tuple(sorted(curves, key=lambda c: (c.dim, c.phase, c.busy))))
         for item in fields(self):
             if item.name == "op_curves":
                 continue
@@ -165,9 +186,9 @@ class Overheads:
         """True when the LP and the deterministic simulator charge every term exactly."""
         return self.concurrency_slowdown == 0 and self.jitter_s == 0 and not self.op_curves
 
-    def curve(self, dim: int, phase: str) -> OpCurve | None:
-        """The measured curve of ``phase`` ops on ``dim``, if calibrated."""
-        return next((c for c in self.op_curves if c.dim == dim and c.phase == phase), None)
+    def curve(self, dim: int, phase: str, *, busy: bool = False) -> OpCurve | None:
+        """The measured curve of ``phase`` ops on ``dim`` (alone, or with every other dim busy)."""
+        return next((c for c in self.op_curves if (c.dim, c.phase, c.busy) == (dim, phase, busy)), None)
 
     def reduction_s(self, group_npus: int, full_bytes: float) -> float:
         """Local reduction of one ReduceScatter over ``group_npus`` ranks on ``full_bytes``."""
@@ -219,5 +240,6 @@ class Overheads:
         if self.jitter_s:
             parts.append(f"{self.jitter_s * 1e3:.3g} ms mean jitter")
         if self.op_curves:
-            parts.append(f"streamed op times measured on {len({c.dim for c in self.op_curves})} dims")
+            busy = " (alone and with the other dims busy)" if any(c.busy for c in self.op_curves) else ""
+            parts.append(f"streamed op times measured on {len({c.dim for c in self.op_curves})} dims{busy}")
         return ", ".join(parts)

@@ -103,13 +103,14 @@ def latest_arrival_quantile(members: int, fraction: float) -> float:
     return latest_arrival_s(1.0, members, fraction)
 
 
-def op_durations_s(schedule: Schedule) -> tuple[list[float], list[float]]:
-    """Per op, ``(fixed part, wire part)`` of its duration before concurrency and jitter.
+def op_durations_s(schedule: Schedule) -> tuple[list[float], list[float], list[float]]:
+    """Per op, ``(fixed part, wire part, extra with every other dim busy)`` of its duration
+    before concurrency and jitter (see :class:`_ReplayTables`).
 
     The calibration fits the jitter on what a traced run's ops took beyond these.
     """
     tables = _ReplayTables.of(schedule)
-    return list(tables.fixed_s), list(tables.wire_s)
+    return list(tables.fixed_s), list(tables.wire_s), list(tables.busy_extra_s)
 
 
 def _harmonic(members: int) -> float:
@@ -141,6 +142,9 @@ class _ReplayTables:
     fixed_s: list[float]
     """The rest: latency, per-op cost, local reduction (or, on a measured curve, the curve's
     time less the wire part and less the mean delay the jitter adds)."""
+    busy_extra_s: list[float]
+    """Per op, what it takes longer with every other dim busy (measured busy curves; else 0):
+    with ``m`` of the ``D - 1`` others busy at its start it pays ``m / (D - 1)`` of it."""
     group_npus: list[int]
     next_on_dim: list[list[int]]
     """Per op, the op after it in the sequence of each of its dims."""
@@ -167,6 +171,7 @@ class _ReplayTables:
                 has_chain_prev[later.index] = True
         overheads = topology.overheads
         fixed_s = [op_time_s(topology, op.dims, op.full_bytes, op.phase) - wire_s[op.index] for op in ops]
+        busy_extra_s = [0.0] * len(ops)
         for op in ops:
             curve = overheads.curve(op.dims[0], op.phase.value) if len(op.dims) == 1 else None
             if curve is None:
@@ -176,13 +181,16 @@ class _ReplayTables:
             def line_s(full_bytes: float, dims: tuple[int, ...] = dims) -> float:
                 return op_time_s(topology, dims, full_bytes) - overheads.op_s
 
+            alone_s = curve.time_s(op.full_bytes, line_s)
             mean_delay_s = overheads.jitter_s * _harmonic(group_size(topology, op.dims))
-            fixed_s[op.index] = (
-                curve.time_s(op.full_bytes, line_s) + overheads.op_s - wire_s[op.index] - mean_delay_s
-            )
+            fixed_s[op.index] = alone_s + overheads.op_s - wire_s[op.index] - mean_delay_s
+            busy = overheads.curve(op.dims[0], op.phase.value, busy=True)
+            if busy is not None:
+                busy_extra_s[op.index] = max(0.0, busy.time_s(op.full_bytes, line_s) - alone_s)
         return cls(
             wire_s=wire_s,
             fixed_s=fixed_s,
+            busy_extra_s=busy_extra_s,
             group_npus=[group_size(topology, op.dims) for op in ops],
             next_on_dim=next_on_dim,
             chain_next=chain_next,
@@ -215,9 +223,10 @@ def _replay(schedule: Schedule, tables: _ReplayTables, rng: random.Random) -> tu
         start_s, index = heapq.heappop(heap)
         op = ops[index]
         others = sum(1 for k in range(topology.num_dims) if k not in op.dims and dim_busy_until[k] > start_s)
-        duration_s = (tables.fixed_s[index] + tables.wire_s[index]) * (
-            1 + overheads.concurrency_slowdown * others
-        )
+        busy_share = others / (topology.num_dims - 1) if topology.num_dims > 1 else 0.0
+        duration_s = (
+            tables.fixed_s[index] + tables.wire_s[index] + tables.busy_extra_s[index] * busy_share
+        ) * (1 + overheads.concurrency_slowdown * others)
         if overheads.jitter_s:
             duration_s += latest_arrival_s(overheads.jitter_s, tables.group_npus[index], rng.random())
         duration_s = max(0.0, duration_s)  # a centred delay never makes an op end before it starts

@@ -169,15 +169,17 @@ def fit_op_curves(fits: Sequence[DimFit], samples: Sequence[Sample]) -> tuple[Op
 
     The line of :func:`fit_dim` cannot follow them: a small op pays per ring step for the
     ranks to be scheduled, which a large op's transfer hides (docs/MODEL.md section 10),
-    so the curve is what :mod:`hipipe.predict` reads single-dimension ops off.
+    so the curve is what :mod:`hipipe.predict` reads single-dimension ops off. The
+    concurrency pass's samples make a second, ``busy`` curve per (dim, phase).
     """
     curves = []
     for fit in fits:
-        typical = _typical_times_s([s for s in samples if s.dim == fit.dim and not s.concurrent])
-        for phase in ("RS", "AG"):
-            points = tuple((float(b), t) for (p, b), t in sorted(typical.items()) if p == phase)
-            if points:
-                curves.append(OpCurve(dim=fit.dim, phase=phase, points=points))
+        for busy in (False, True):
+            typical = _typical_times_s([s for s in samples if s.dim == fit.dim and s.concurrent == busy])
+            for phase in ("RS", "AG"):
+                points = tuple((float(b), t) for (p, b), t in sorted(typical.items()) if p == phase)
+                if points:
+                    curves.append(OpCurve(dim=fit.dim, phase=phase, points=points, busy=busy))
     return tuple(curves)
 
 
@@ -248,7 +250,8 @@ def fit_concurrency_slowdown(fits: Sequence[DimFit], samples: Sequence[Sample]) 
     minus 1, over ``D - 1`` (every other dim was busy). The median of those. The whole
     op stretches, not just its wire time: on a shared host the other dims' threads take
     the cores a small op's steps need as much as they share the NIC. 0 without a
-    concurrency pass or with one dim.
+    concurrency pass or with one dim. A calibration with busy curves
+    (:func:`fit_op_curves`) does not use it: they carry the slowdown per size.
     """
     if len(fits) < 2:
         return 0.0
@@ -372,7 +375,8 @@ def _fit_jitter_s(schedule: Schedule, op_times_s: Sequence[tuple[float, float]])
     """
     topology = schedule.topology
     slowdown = topology.overheads.concurrency_slowdown
-    fixed_s, wire_s = op_durations_s(schedule)
+    fixed_s, wire_s, busy_extra_s = op_durations_s(schedule)
+    other_dims = max(1, topology.num_dims - 1)
     left: dict[int, list[float]] = {}
     for op in schedule.ops:
         start_s, end_s = op_times_s[op.index]
@@ -382,7 +386,9 @@ def _fit_jitter_s(schedule: Schedule, op_times_s: Sequence[tuple[float, float]])
             if k not in op.dims
             and any(op_times_s[i][0] <= start_s < op_times_s[i][1] for i in schedule.sequences[k])
         )
-        modelled_s = (fixed_s[op.index] + wire_s[op.index]) * (1 + slowdown * others)
+        modelled_s = (fixed_s[op.index] + wire_s[op.index] + busy_extra_s[op.index] * others / other_dims) * (
+            1 + slowdown * others
+        )
         left.setdefault(group_size(topology, op.dims), []).append(end_s - start_s - modelled_s)
     estimates = [
         (len(values), _mad(values) / latest_arrival_mad(n)) for n, values in left.items() if len(values) >= 2
@@ -459,8 +465,9 @@ def calibration_from_samples(
     samples' fits): passed in rather than re-planned, so the fit replays exactly what ran.
     """
     fits = fit_all(sizes, samples)
-    concurrency = fit_concurrency_slowdown(fits, samples)
     curves = fit_op_curves(fits, samples)
+    # Busy curves carry the contention per size; a scalar slowdown on top would charge it twice.
+    concurrency = 0.0 if any(c.busy for c in curves) else fit_concurrency_slowdown(fits, samples)
     if overhead is None or not overhead.times_s:
         return Calibration(
             fits=tuple(fits), overheads=Overheads(concurrency_slowdown=concurrency, op_curves=curves)
