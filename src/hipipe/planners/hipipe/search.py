@@ -33,6 +33,7 @@ from hipipe.planners.hipipe.candidates import (
     time_unit_s,
 )
 from hipipe.planners.hipipe.families import FEW_CHUNK_FAMILIES, families
+from hipipe.planners.hipipe.filler import add_filler
 from hipipe.planners.hipipe.local_search import climb_orders, nested_descent, swap_critical_pairs
 from hipipe.planners.hipipe.seeds import baseline_seeds, improve_with_seeds
 from hipipe.planners.hipipe.splitting import refine_by_splitting
@@ -225,9 +226,18 @@ class _Step:
     best: Candidate | None
     pool: list[Candidate]
     log: SearchLog
+    previous_best: Candidate | None = None
+    """The best of K - 1 before its local search (the filler's base; None at K = 1)."""
     absorbed: tuple[int, int, int, int] = (0, 0, 0, 0)
     """How much of ``log`` (trials, LP solves, simplex iterations, LP work) the plan's log
     already holds."""
+
+
+def _append_step(steps: list[_Step], step: _Step) -> None:
+    """Append ``step``, giving it the best of the step before when that one has one chunk fewer."""
+    if steps and steps[-1].num_chunks == step.num_chunks - 1:
+        step.previous_best = steps[-1].best
+    steps.append(step)
 
 
 def _small_step(
@@ -308,6 +318,40 @@ def _settle(
     return best, baselines
 
 
+def _settle_in_turn(
+    topology: Topology, message_bytes: int, steps: list[_Step], *, options: SearchOptions, unit_s: float
+) -> list[tuple[Candidate | None, dict[str, float]]]:
+    """:func:`_settle` on each step, and each settled plan but the first's also against the
+    best of the step before plus a filler chunk (:mod:`.filler`; in the step's log): the
+    proven optima at K = 4 are often a (K-1)-chunk pipeline with one small chunk that fills
+    its start-up idle time, which neither the families nor the local search build.
+
+    The filler's base is the previous K's best before its local search, which depends on
+    that K's step alone: so the search, which settles only the Ks close to its best, and a
+    forced K, which settles every K' <= K, add the same filler."""
+    settled: list[tuple[Candidate | None, dict[str, float]]] = []
+    for step in steps:
+        best, baselines = _settle(topology, message_bytes, step, options=options, unit_s=unit_s)
+        previous = step.previous_best
+        floor_s = step.log.floor_s(topology, message_bytes, step.num_chunks, options.collective)
+        at_floor = best is not None and best.makespan_s <= floor_s * (1 + IMPROVEMENT)
+        if previous is not None and options.climb and options.lp_sizes and not at_floor:
+            filled = add_filler(topology, message_bytes, previous, unit_s=unit_s, log=step.log)
+            if filled is not None:
+                step.log.tried.append(
+                    Trial(
+                        num_chunks=step.num_chunks,
+                        kept_chunks=filled.structure.num_chunks,
+                        source="filler",
+                        makespan_s=filled.makespan_s,
+                    )
+                )
+                if better(best, filled):
+                    best = filled
+        settled.append((best, baselines))
+    return settled
+
+
 def _absorb(log: SearchLog, step: _Step, *, work: bool = True) -> None:
     """Add what the step's log recorded since the last call to the plan's log: its trials,
     and (with ``work``) its LP solves, iterations and work."""
@@ -342,13 +386,11 @@ def _at_most(
     log: SearchLog,
 ) -> list[Candidate | None]:
     """The settled plans of every K' <= ``num_chunks`` (and <= AT_MOST_MAX_CHUNKS)."""
-    settled: list[Candidate | None] = []
-    for step in _small_steps(
-        topology, message_bytes, mix, num_chunks, options=options, unit_s=unit_s, log=log
-    ):
-        settled.append(_settle(topology, message_bytes, step, options=options, unit_s=unit_s)[0])
+    steps = _small_steps(topology, message_bytes, mix, num_chunks, options=options, unit_s=unit_s, log=log)
+    settled = _settle_in_turn(topology, message_bytes, steps, options=options, unit_s=unit_s)
+    for step in steps:
         _absorb(log, step)
-    return settled
+    return [best for best, _ in settled]
 
 
 def _small_steps(
@@ -373,7 +415,7 @@ def _small_steps(
         step = _small_step(
             topology, message_bytes, mix, k, options=options, unit_s=unit_s, strikes=None, floors=log.floors
         )
-        steps.append(step)
+        _append_step(steps, step)
         if step.best is not None and better(best, step.best):
             best = step.best
     return steps
@@ -393,7 +435,7 @@ def search(
     if forced is not None and options.climb and forced <= AT_MOST_MAX_CHUNKS:
         # At most K chunks: the fastest settled plan of any K' <= K.
         steps = _small_steps(topology, message_bytes, mix, forced, options=options, unit_s=unit_s, log=log)
-        settled = [_settle(topology, message_bytes, step, options=options, unit_s=unit_s) for step in steps]
+        settled = _settle_in_turn(topology, message_bytes, steps, options=options, unit_s=unit_s)
         for step in steps:
             _absorb(log, step)
         baselines = settled[-1][1]
@@ -475,7 +517,7 @@ def _search_ladder(
                 strikes=log,
                 floors=log.floors,
             )
-            steps.append(step)
+            _append_step(steps, step)
             pool.extend(step.pool)
             # Its trials now; its LP work at the end, with the settling: the larger Ks keep
             # the ladder's budget they had before small Ks ran every family.
@@ -520,12 +562,15 @@ def _search_ladder(
     # Then settle the small Ks that could matter: a K far behind the best so far stays behind
     # after the local search (it moves few-chunk plans by a few percent).
     reference = _fastest([best, finished])
-    settled = [
-        _settle(topology, message_bytes, step, options=options, unit_s=unit_s)[0]
+    close = [
+        step
         for step in steps
         if reference is not None
         and step.best is not None
         and step.best.makespan_s <= reference.makespan_s * (1 + SETTLE_MARGIN)
+    ]
+    settled = [
+        best for best, _ in _settle_in_turn(topology, message_bytes, close, options=options, unit_s=unit_s)
     ]
     if options.climb:
         best = _fastest([*settled, finished]) or best
