@@ -226,18 +226,19 @@ class _Step:
     best: Candidate | None
     pool: list[Candidate]
     log: SearchLog
-    previous_best: Candidate | None = None
-    """The best of K - 1 before its local search (the filler's base; None at K = 1)."""
+    filled: Candidate | None = None
+    """The best of K - 1 (before its local search) plus a filler chunk (:mod:`.filler`);
+    None at K = 1, at the floor of this K, or when the previous K was not run."""
     absorbed: tuple[int, int, int, int] = (0, 0, 0, 0)
     """How much of ``log`` (trials, LP solves, simplex iterations, LP work) the plan's log
     already holds."""
 
 
-def _append_step(steps: list[_Step], step: _Step) -> None:
-    """Append ``step``, giving it the best of the step before when that one has one chunk fewer."""
-    if steps and steps[-1].num_chunks == step.num_chunks - 1:
-        step.previous_best = steps[-1].best
-    steps.append(step)
+def _before(steps: list[_Step], num_chunks: int) -> Candidate | None:
+    """The best of the step of ``num_chunks - 1`` if it is the last of ``steps``."""
+    if steps and steps[-1].num_chunks == num_chunks - 1:
+        return steps[-1].best
+    return None
 
 
 def _small_step(
@@ -250,10 +251,17 @@ def _small_step(
     unit_s: float,
     strikes: SearchLog | None,
     floors: dict[int, float],
+    previous: Candidate | None,
 ) -> _Step:
     """Every family at ``num_chunks`` (none retired) in a fresh log (sharing the plan's
     ``floors``); their results count towards retirement at larger K in ``strikes`` (the
-    plan's log; None: nowhere)."""
+    plan's log; None: nowhere). Then ``previous`` (the best of K - 1) plus a filler chunk,
+    unless the families reach this K's floor.
+
+    The proven optima at K = 4 are often a (K-1)-chunk pipeline with one small chunk that
+    fills its start-up idle time, which neither the families nor the local search build.
+    The filler's base is the previous K's best before its local search, which depends on
+    that K's step alone: the search and a forced K add the same filler."""
     log = SearchLog(budget=options.lp_work_budget, floors=floors)
     log.allow(LADDER_SHARE)
     pool: list[Candidate] = []
@@ -269,7 +277,21 @@ def _small_step(
         strikes=strikes,
         retire=False,
     )
-    return _Step(num_chunks=num_chunks, best=best, pool=pool, log=log)
+    filled: Candidate | None = None
+    floor_s = log.floor_s(topology, message_bytes, num_chunks, options.collective)
+    at_floor = best is not None and best.makespan_s <= floor_s * (1 + IMPROVEMENT)
+    if previous is not None and options.climb and options.lp_sizes and not at_floor:
+        filled = add_filler(topology, message_bytes, previous, unit_s=unit_s, log=log)
+        if filled is not None:
+            log.tried.append(
+                Trial(
+                    num_chunks=num_chunks,
+                    kept_chunks=filled.structure.num_chunks,
+                    source="filler",
+                    makespan_s=filled.makespan_s,
+                )
+            )
+    return _Step(num_chunks=num_chunks, best=best, pool=pool, log=log, filled=filled)
 
 
 def _finish(
@@ -304,52 +326,21 @@ def _settle(
     topology: Topology, message_bytes: int, step: _Step, *, options: SearchOptions, unit_s: float
 ) -> tuple[Candidate | None, dict[str, float]]:
     """What a forced K = ``step.num_chunks`` plans from this K alone: its best and runner-up
-    through the local search, then the baselines' structures with this K (in the step's log)."""
+    through the local search, its filler plan, then the baselines' structures with this K
+    (in the step's log)."""
     best = step.best
     if best is not None and options.climb:
         margin = TWO_CHUNK_RUNNER_UP_MARGIN if step.num_chunks <= 2 else RUNNER_UP_MARGIN
         contenders = [best, *_runner_up(step.pool, best, margin)]
         best = _finish(topology, message_bytes, contenders, options=options, unit_s=unit_s, log=step.log)
+    if step.filled is not None and better(best, step.filled):
+        best = step.filled
     baselines: dict[str, float] = {}
     if options.baseline_seeds:
         best, baselines = improve_with_seeds(
             topology, message_bytes, best, step.num_chunks, options=options, unit_s=unit_s, log=step.log
         )
     return best, baselines
-
-
-def _settle_in_turn(
-    topology: Topology, message_bytes: int, steps: list[_Step], *, options: SearchOptions, unit_s: float
-) -> list[tuple[Candidate | None, dict[str, float]]]:
-    """:func:`_settle` on each step, and each settled plan but the first's also against the
-    best of the step before plus a filler chunk (:mod:`.filler`; in the step's log): the
-    proven optima at K = 4 are often a (K-1)-chunk pipeline with one small chunk that fills
-    its start-up idle time, which neither the families nor the local search build.
-
-    The filler's base is the previous K's best before its local search, which depends on
-    that K's step alone: so the search, which settles only the Ks close to its best, and a
-    forced K, which settles every K' <= K, add the same filler."""
-    settled: list[tuple[Candidate | None, dict[str, float]]] = []
-    for step in steps:
-        best, baselines = _settle(topology, message_bytes, step, options=options, unit_s=unit_s)
-        previous = step.previous_best
-        floor_s = step.log.floor_s(topology, message_bytes, step.num_chunks, options.collective)
-        at_floor = best is not None and best.makespan_s <= floor_s * (1 + IMPROVEMENT)
-        if previous is not None and options.climb and options.lp_sizes and not at_floor:
-            filled = add_filler(topology, message_bytes, previous, unit_s=unit_s, log=step.log)
-            if filled is not None:
-                step.log.tried.append(
-                    Trial(
-                        num_chunks=step.num_chunks,
-                        kept_chunks=filled.structure.num_chunks,
-                        source="filler",
-                        makespan_s=filled.makespan_s,
-                    )
-                )
-                if better(best, filled):
-                    best = filled
-        settled.append((best, baselines))
-    return settled
 
 
 def _absorb(log: SearchLog, step: _Step, *, work: bool = True) -> None:
@@ -387,10 +378,15 @@ def _at_most(
 ) -> list[Candidate | None]:
     """The settled plans of every K' <= ``num_chunks`` (and <= AT_MOST_MAX_CHUNKS)."""
     steps = _small_steps(topology, message_bytes, mix, num_chunks, options=options, unit_s=unit_s, log=log)
-    settled = _settle_in_turn(topology, message_bytes, steps, options=options, unit_s=unit_s)
+    settled = [_settle(topology, message_bytes, step, options=options, unit_s=unit_s)[0] for step in steps]
     for step in steps:
         _absorb(log, step)
-    return [best for best, _ in settled]
+    return settled
+
+
+def _within(candidate: Candidate | None, reference: Candidate, margin: float) -> bool:
+    """Whether ``candidate`` exists and is within ``margin`` (relative) of ``reference``."""
+    return candidate is not None and candidate.makespan_s <= reference.makespan_s * (1 + margin)
 
 
 def _small_steps(
@@ -413,9 +409,17 @@ def _small_steps(
             steps[-1].log.tried.append(Trial(num_chunks=k, pruned="latency floor above the best"))
             break
         step = _small_step(
-            topology, message_bytes, mix, k, options=options, unit_s=unit_s, strikes=None, floors=log.floors
+            topology,
+            message_bytes,
+            mix,
+            k,
+            options=options,
+            unit_s=unit_s,
+            strikes=None,
+            floors=log.floors,
+            previous=_before(steps, k),
         )
-        _append_step(steps, step)
+        steps.append(step)
         if step.best is not None and better(best, step.best):
             best = step.best
     return steps
@@ -435,7 +439,7 @@ def search(
     if forced is not None and options.climb and forced <= AT_MOST_MAX_CHUNKS:
         # At most K chunks: the fastest settled plan of any K' <= K.
         steps = _small_steps(topology, message_bytes, mix, forced, options=options, unit_s=unit_s, log=log)
-        settled = _settle_in_turn(topology, message_bytes, steps, options=options, unit_s=unit_s)
+        settled = [_settle(topology, message_bytes, step, options=options, unit_s=unit_s) for step in steps]
         for step in steps:
             _absorb(log, step)
         baselines = settled[-1][1]
@@ -516,8 +520,9 @@ def _search_ladder(
                 unit_s=unit_s,
                 strikes=log,
                 floors=log.floors,
+                previous=_before(steps, num_chunks),
             )
-            _append_step(steps, step)
+            steps.append(step)
             pool.extend(step.pool)
             # Its trials now; its LP work at the end, with the settling: the larger Ks keep
             # the ladder's budget they had before small Ks ran every family.
@@ -562,15 +567,10 @@ def _search_ladder(
     # Then settle the small Ks that could matter: a K far behind the best so far stays behind
     # after the local search (it moves few-chunk plans by a few percent).
     reference = _fastest([best, finished])
-    close = [
-        step
-        for step in steps
-        if reference is not None
-        and step.best is not None
-        and step.best.makespan_s <= reference.makespan_s * (1 + SETTLE_MARGIN)
-    ]
     settled = [
-        best for best, _ in _settle_in_turn(topology, message_bytes, close, options=options, unit_s=unit_s)
+        _settle(topology, message_bytes, step, options=options, unit_s=unit_s)[0]
+        for step in steps
+        if reference is not None and _within(_fastest([step.best, step.filled]), reference, SETTLE_MARGIN)
     ]
     if options.climb:
         best = _fastest([*settled, finished]) or best
