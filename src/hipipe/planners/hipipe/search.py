@@ -7,8 +7,9 @@ latency floor (:func:`hipipe.bounds.chunked_bound_s`) says no larger K can win, 
 the plan-time budget is spent; a K = 32 probe then lets the LP pick which chunks to keep,
 a few-chunk winner is polished by local search over its orders, binding sequence pairs are
 swapped (warm LP re-solves) and per-dim sequences nested (:mod:`.local_search`). Every
-K <= AT_MOST_MAX_CHUNKS is run in a log of its own and, when close to the best, *settled*
-exactly as a forced K is (:func:`_settle`): the search is never worse than those forced Ks,
+K <= AT_MOST_MAX_CHUNKS is run in a log of its own, with the previous K's best plus a
+filler chunk (:mod:`.filler`), and, when close to the best, *settled* exactly as a forced K
+is (:func:`_settle`): the search is never worse than those forced Ks,
 and a forced K <= AT_MOST_MAX_CHUNKS means "at most K chunks". Unless K is forced, the best
 plan's chunks are then split while that helps (:mod:`.splitting`: the ramp that Ks built
 from scratch cannot have), and a split plan's binding pairs are swapped again.
