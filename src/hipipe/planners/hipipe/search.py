@@ -378,9 +378,11 @@ def _at_most(
     log: SearchLog,
 ) -> list[Candidate | None]:
     """The settled plans of every K' <= ``num_chunks`` (and <= AT_MOST_MAX_CHUNKS)."""
-    steps = _small_steps(topology, message_bytes, mix, num_chunks, options=options, unit_s=unit_s, log=log)
-    settled = [_settle(topology, message_bytes, step, options=options, unit_s=unit_s)[0] for step in steps]
-    for step in steps:
+    settled: list[Candidate | None] = []
+    for step in _small_steps(
+        topology, message_bytes, mix, num_chunks, options=options, unit_s=unit_s, log=log
+    ):
+        settled.append(_settle(topology, message_bytes, step, options=options, unit_s=unit_s)[0])
         _absorb(log, step)
     return settled
 
