@@ -7,8 +7,9 @@ latency floor (:func:`hipipe.bounds.chunked_bound_s`) says no larger K can win, 
 the plan-time budget is spent; a K = 32 probe then lets the LP pick which chunks to keep,
 a few-chunk winner is polished by local search over its orders, binding sequence pairs are
 swapped (warm LP re-solves) and per-dim sequences nested (:mod:`.local_search`). Every
-K <= AT_MOST_MAX_CHUNKS is run in a log of its own and, when close to the best, *settled*
-exactly as a forced K is (:func:`_settle`): the search is never worse than those forced Ks,
+K <= AT_MOST_MAX_CHUNKS is run in a log of its own, with the previous K's best plus a
+filler chunk (:mod:`.filler`), and, when close to the best, *settled* exactly as a forced K
+is (:func:`_settle`): the search is never worse than those forced Ks,
 and a forced K <= AT_MOST_MAX_CHUNKS means "at most K chunks". Unless K is forced, the best
 plan's chunks are then split while that helps (:mod:`.splitting`: the ramp that Ks built
 from scratch cannot have), and a split plan's binding pairs are swapped again.
@@ -33,6 +34,7 @@ from hipipe.planners.hipipe.candidates import (
     time_unit_s,
 )
 from hipipe.planners.hipipe.families import FEW_CHUNK_FAMILIES, families
+from hipipe.planners.hipipe.filler import add_filler
 from hipipe.planners.hipipe.local_search import climb_orders, nested_descent, swap_critical_pairs
 from hipipe.planners.hipipe.seeds import baseline_seeds, improve_with_seeds
 from hipipe.planners.hipipe.splitting import refine_by_splitting
@@ -225,9 +227,19 @@ class _Step:
     best: Candidate | None
     pool: list[Candidate]
     log: SearchLog
+    filled: Candidate | None = None
+    """The best of K - 1 (before its local search) plus a filler chunk (:mod:`.filler`);
+    None at K = 1, at the floor of this K, or when the previous K was not run."""
     absorbed: tuple[int, int, int, int] = (0, 0, 0, 0)
     """How much of ``log`` (trials, LP solves, simplex iterations, LP work) the plan's log
     already holds."""
+
+
+def _before(steps: list[_Step], num_chunks: int) -> Candidate | None:
+    """The best of the step of ``num_chunks - 1`` if it is the last of ``steps``."""
+    if steps and steps[-1].num_chunks == num_chunks - 1:
+        return steps[-1].best
+    return None
 
 
 def _small_step(
@@ -240,10 +252,17 @@ def _small_step(
     unit_s: float,
     strikes: SearchLog | None,
     floors: dict[int, float],
+    previous: Candidate | None,
 ) -> _Step:
     """Every family at ``num_chunks`` (none retired) in a fresh log (sharing the plan's
     ``floors``); their results count towards retirement at larger K in ``strikes`` (the
-    plan's log; None: nowhere)."""
+    plan's log; None: nowhere). Then ``previous`` (the best of K - 1) plus a filler chunk,
+    unless the families reach this K's floor.
+
+    The proven optima at K = 4 are often a (K-1)-chunk pipeline with one small chunk that
+    fills its start-up idle time, which neither the families nor the local search build.
+    The filler's base is the previous K's best before its local search, which depends on
+    that K's step alone: the search and a forced K add the same filler."""
     log = SearchLog(budget=options.lp_work_budget, floors=floors)
     log.allow(LADDER_SHARE)
     pool: list[Candidate] = []
@@ -259,7 +278,21 @@ def _small_step(
         strikes=strikes,
         retire=False,
     )
-    return _Step(num_chunks=num_chunks, best=best, pool=pool, log=log)
+    filled: Candidate | None = None
+    floor_s = log.floor_s(topology, message_bytes, num_chunks, options.collective)
+    at_floor = best is not None and best.makespan_s <= floor_s * (1 + IMPROVEMENT)
+    if previous is not None and options.climb and options.lp_sizes and not at_floor:
+        filled = add_filler(topology, message_bytes, previous, unit_s=unit_s, log=log)
+        if filled is not None:
+            log.tried.append(
+                Trial(
+                    num_chunks=num_chunks,
+                    kept_chunks=filled.structure.num_chunks,
+                    source="filler",
+                    makespan_s=filled.makespan_s,
+                )
+            )
+    return _Step(num_chunks=num_chunks, best=best, pool=pool, log=log, filled=filled)
 
 
 def _finish(
@@ -294,12 +327,15 @@ def _settle(
     topology: Topology, message_bytes: int, step: _Step, *, options: SearchOptions, unit_s: float
 ) -> tuple[Candidate | None, dict[str, float]]:
     """What a forced K = ``step.num_chunks`` plans from this K alone: its best and runner-up
-    through the local search, then the baselines' structures with this K (in the step's log)."""
+    through the local search, its filler plan, then the baselines' structures with this K
+    (in the step's log)."""
     best = step.best
     if best is not None and options.climb:
         margin = TWO_CHUNK_RUNNER_UP_MARGIN if step.num_chunks <= 2 else RUNNER_UP_MARGIN
         contenders = [best, *_runner_up(step.pool, best, margin)]
         best = _finish(topology, message_bytes, contenders, options=options, unit_s=unit_s, log=step.log)
+    if step.filled is not None and better(best, step.filled):
+        best = step.filled
     baselines: dict[str, float] = {}
     if options.baseline_seeds:
         best, baselines = improve_with_seeds(
@@ -351,6 +387,11 @@ def _at_most(
     return settled
 
 
+def _within(candidate: Candidate | None, reference: Candidate, margin: float) -> bool:
+    """Whether ``candidate`` exists and is within ``margin`` (relative) of ``reference``."""
+    return candidate is not None and candidate.makespan_s <= reference.makespan_s * (1 + margin)
+
+
 def _small_steps(
     topology: Topology,
     message_bytes: int,
@@ -371,7 +412,15 @@ def _small_steps(
             steps[-1].log.tried.append(Trial(num_chunks=k, pruned="latency floor above the best"))
             break
         step = _small_step(
-            topology, message_bytes, mix, k, options=options, unit_s=unit_s, strikes=None, floors=log.floors
+            topology,
+            message_bytes,
+            mix,
+            k,
+            options=options,
+            unit_s=unit_s,
+            strikes=None,
+            floors=log.floors,
+            previous=_before(steps, k),
         )
         steps.append(step)
         if step.best is not None and better(best, step.best):
@@ -474,6 +523,7 @@ def _search_ladder(
                 unit_s=unit_s,
                 strikes=log,
                 floors=log.floors,
+                previous=_before(steps, num_chunks),
             )
             steps.append(step)
             pool.extend(step.pool)
@@ -523,9 +573,7 @@ def _search_ladder(
     settled = [
         _settle(topology, message_bytes, step, options=options, unit_s=unit_s)[0]
         for step in steps
-        if reference is not None
-        and step.best is not None
-        and step.best.makespan_s <= reference.makespan_s * (1 + SETTLE_MARGIN)
+        if reference is not None and _within(_fastest([step.best, step.filled]), reference, SETTLE_MARGIN)
     ]
     if options.climb:
         best = _fastest([*settled, finished]) or best
