@@ -30,11 +30,13 @@ import itertools
 import math
 import random
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from hipipe.cost import group_size, op_time_s
 from hipipe.errors import ScheduleError
 from hipipe.schedule import Schedule
+from hipipe.topology import Topology
 
 DEFAULT_SAMPLES = 32
 """Replays per prediction: the median of 32 is within a few per mille of the median of
@@ -103,14 +105,12 @@ def latest_arrival_quantile(members: int, fraction: float) -> float:
     return latest_arrival_s(1.0, members, fraction)
 
 
-def op_durations_s(schedule: Schedule) -> tuple[list[float], list[float], list[float]]:
-    """Per op, ``(fixed part, wire part, extra with every other dim busy)`` of its duration
-    before concurrency and jitter (see :class:`_ReplayTables`).
-
-    The calibration fits the jitter on what a traced run's ops took beyond these.
-    """
+def op_base_times_s(schedule: Schedule) -> Callable[[int, int], float]:
+    """``(op index, other dims busy at its start) -> its duration before jitter``, as a
+    replay charges it. The calibration fits the jitter on what a traced run's ops took
+    beyond this."""
     tables = _ReplayTables.of(schedule)
-    return list(tables.fixed_s), list(tables.wire_s), list(tables.busy_extra_s)
+    return lambda index, others: tables.base_s(index, others, schedule.topology)
 
 
 def _harmonic(members: int) -> float:
@@ -151,6 +151,13 @@ class _ReplayTables:
     chain_next: list[int | None]
     waiting: list[int]
     """Per op, how many predecessors (one per dim, plus its chain's) must end first."""
+
+    def base_s(self, index: int, others: int, topology: Topology) -> float:
+        """Op ``index``'s duration before jitter when ``others`` other dims are busy at its start."""
+        busy_share = others / (topology.num_dims - 1) if topology.num_dims > 1 else 0.0
+        return (self.fixed_s[index] + self.wire_s[index] + self.busy_extra_s[index] * busy_share) * (
+            1 + topology.overheads.concurrency_slowdown * others
+        )
 
     @classmethod
     def of(cls, schedule: Schedule) -> "_ReplayTables":
@@ -223,10 +230,7 @@ def _replay(schedule: Schedule, tables: _ReplayTables, rng: random.Random) -> tu
         start_s, index = heapq.heappop(heap)
         op = ops[index]
         others = sum(1 for k in range(topology.num_dims) if k not in op.dims and dim_busy_until[k] > start_s)
-        busy_share = others / (topology.num_dims - 1) if topology.num_dims > 1 else 0.0
-        duration_s = (
-            tables.fixed_s[index] + tables.wire_s[index] + tables.busy_extra_s[index] * busy_share
-        ) * (1 + overheads.concurrency_slowdown * others)
+        duration_s = tables.base_s(index, others, topology)
         if overheads.jitter_s:
             duration_s += latest_arrival_s(overheads.jitter_s, tables.group_npus[index], rng.random())
         duration_s = max(0.0, duration_s)  # a centred delay never makes an op end before it starts

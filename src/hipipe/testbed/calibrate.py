@@ -69,7 +69,7 @@ def measure_in_process(
             for _ in range(repeats):
                 dist.barrier()
                 times = slowest_rank_s(_time_rs_ag(ring, size_bytes, count, timeout_s))
-                samples += _samples(dim, size_bytes, (times[0] / count, times[1] / count), streamed_ops=count)
+                samples += _samples(dim, size_bytes, times, streamed_ops=count)
     if concurrent_window_s <= 0 or len(sizes) < 2:
         return samples
     fits = fit_all(sizes, samples)  # identical on every rank: the samples are maxima over ranks
@@ -85,11 +85,7 @@ def measure_in_process(
             for dim in range(len(sizes)):
                 rs_s, ag_s = per_dim[2 * dim : 2 * dim + 2]
                 concurrent += _samples(
-                    dim,
-                    size_bytes,
-                    (rs_s / counts[dim], ag_s / counts[dim]),
-                    concurrent=True,
-                    streamed_ops=counts[dim],
+                    dim, size_bytes, (rs_s, ag_s), concurrent=True, streamed_ops=counts[dim]
                 )
     return samples + concurrent
 
@@ -209,13 +205,14 @@ def share_from_rank0(make: Callable[[], str]) -> str:
 def _samples(
     dim: int, size_bytes: int, times: Sequence[float], *, concurrent: bool = False, streamed_ops: int = 1
 ) -> list[Sample]:
+    """An RS and an AG sample from the run's total ``(RS, AG)`` seconds over ``streamed_ops`` ops each."""
     full_bytes = max(1, size_bytes // 4) * 4
     return [
         Sample(
             dim=dim,
             phase=phase,
             full_bytes=full_bytes,
-            time_s=float(time_s),
+            time_s=float(time_s) / streamed_ops,
             concurrent=concurrent,
             streamed_ops=streamed_ops,
         )

@@ -25,7 +25,7 @@ from typing import Any
 from hipipe.cost import group_size
 from hipipe.overheads import OpCurve, Overheads
 from hipipe.planners import plan
-from hipipe.predict import latest_arrival_quantile, op_durations_s, predicted_s
+from hipipe.predict import latest_arrival_quantile, op_base_times_s, predicted_s
 from hipipe.schedule import Schedule
 from hipipe.simulator import simulate_chunks
 from hipipe.testbed.layout import TestbedError
@@ -374,9 +374,7 @@ def _fit_jitter_s(schedule: Schedule, op_times_s: Sequence[tuple[float, float]])
     averaged over the ops. Robust to the rare op a descheduled rank stretches tenfold.
     """
     topology = schedule.topology
-    slowdown = topology.overheads.concurrency_slowdown
-    fixed_s, wire_s, busy_extra_s = op_durations_s(schedule)
-    other_dims = max(1, topology.num_dims - 1)
+    base_s = op_base_times_s(schedule)
     left: dict[int, list[float]] = {}
     for op in schedule.ops:
         start_s, end_s = op_times_s[op.index]
@@ -386,9 +384,7 @@ def _fit_jitter_s(schedule: Schedule, op_times_s: Sequence[tuple[float, float]])
             if k not in op.dims
             and any(op_times_s[i][0] <= start_s < op_times_s[i][1] for i in schedule.sequences[k])
         )
-        modelled_s = (fixed_s[op.index] + wire_s[op.index] + busy_extra_s[op.index] * others / other_dims) * (
-            1 + slowdown * others
-        )
+        modelled_s = base_s(op.index, others)
         left.setdefault(group_size(topology, op.dims), []).append(end_s - start_s - modelled_s)
     estimates = [
         (len(values), _mad(values) / latest_arrival_mad(n)) for n, values in left.items() if len(values) >= 2
