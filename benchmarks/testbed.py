@@ -1,6 +1,6 @@
 """Fidelity of the testbed measurements: every planner measured beside its prediction, and hipipe-tuned.
 
-    sudo .venv/bin/python benchmarks/testbed.py [--quick] [--repeats 3] [--out benchmarks/results]
+    sudo .venv/bin/python benchmarks/testbed.py [--quick] [--repeats 3] [--max-repeats 12] [--out benchmarks/results]
 
 Runs ``hipipe bench --tune`` (:func:`hipipe.testbed.bench.run_bench` with ``tune``) on
 five emulated testbeds -- 2 and 3 dims, rate ratios 1:1 to 1:8 -- at two message sizes
@@ -57,7 +57,7 @@ from hipipe.testbed import host
 from hipipe.testbed.bench import run_bench
 from hipipe.testbed.fidelity import FIDELITY_PLANNERS, result_fidelity
 from hipipe.testbed.layout import parse_rates_bits_per_s, parse_shape
-from hipipe.testbed.results import TORCH_NAME, BenchConfig, BenchResult
+from hipipe.testbed.results import DEFAULT_MAX_REPEATS, TORCH_NAME, BenchConfig, BenchResult
 from hipipe.testbed.shaping import detect_host
 from hipipe.units import format_size
 
@@ -131,8 +131,10 @@ def write_report(
         "calibrated topology and its prediction is its time there. Each size is then tuned on the",
         "same testbed and calibration (`hipipe bench --tune`: hipipe's best few plans and the",
         "baselines, the smallest median kept) and the kept schedule measured again as `hipipe-tuned`.",
-        "Times are the slowest rank's, median of the timed repeats after one warm-up; `spread` is",
-        "`(max - min) / median` of a row's timed repeats; `busbw = M/t * 2(N-1)/N`. Reductions are",
+        "Times are the slowest rank's, median of the timed repeats after one warm-up (a row repeats",
+        "until its median's standard error is within 2%, between the floor and the cap below; `runs`",
+        "counts them); `spread` is `(max - min) / median` of a row's timed repeats;",
+        "`busbw = M/t * 2(N-1)/N`. Reductions are",
         "`1 - t/t_ref`; for themis the simulated one (from the predictions) is shown beside.",
         f"Pairs: the {len(FIDELITY_PLANNERS)} planners {', '.join(FIDELITY_PLANNERS)}, each pair's measured",
         "medians in the predicted order or not. Produced by `benchmarks/testbed.py`.",
@@ -169,6 +171,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="one small size (2 MiB) per shape")
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats per row and tuning candidate")
+    parser.add_argument(
+        "--max-repeats",
+        type=int,
+        default=DEFAULT_MAX_REPEATS,
+        help="cap on a row's timed repeats while its median is unsettled (hipipe bench --max-repeats)",
+    )
     parser.add_argument("--out", type=Path, default=None, help="write the markdown report and PNG here")
     args = parser.parse_args()
     # `kill` must still tear the testbed down (run_bench's finally): make SIGTERM an exception.
@@ -196,6 +204,7 @@ def main() -> int:
             planners=FIDELITY_PLANNERS,
             include_torch=(shape, rates) == TORCH_SHAPE,
             repeats=args.repeats,
+            max_repeats=max(args.repeats, args.max_repeats),
             tune=True,
         )
         console.print(f"[bold]{label}[/bold]: {', '.join(format_size(m) for m in messages)}")

@@ -300,6 +300,16 @@ def test_bench_config_refuses_tuning_twice() -> None:
         BenchConfig(sizes=SIZES, rates_bits_per_s=RATES, messages_bytes=(MIB,), tune=True, tune_best_few=0)
 
 
+def test_bench_config_repeats_rows_until_their_median_settles() -> None:
+    config = BenchConfig(sizes=SIZES, rates_bits_per_s=RATES, messages_bytes=(MIB,))
+    assert (config.repeat_rule.repeats, config.repeat_rule.max_repeats) == (3, 12)
+    assert config.repeat_rule.precision == pytest.approx(0.02)
+    with pytest.raises(TestbedError, match="--max-repeats 2 is below --repeats 3"):
+        BenchConfig(sizes=SIZES, rates_bits_per_s=RATES, messages_bytes=(MIB,), max_repeats=2)
+    with pytest.raises(TestbedError, match="--precision"):
+        BenchConfig(sizes=SIZES, rates_bits_per_s=RATES, messages_bytes=(MIB,), precision=-0.1)
+
+
 def test_cli_bench_json_and_tune_errors_are_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

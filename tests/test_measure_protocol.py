@@ -7,6 +7,7 @@ trace conversion with the executor's).
 import pytest
 
 from hipipe.planners import plan
+from hipipe.repeats import RepeatRule
 from hipipe.schedule import Collective
 from hipipe.testbed.fit import Sample
 from hipipe.testbed.layout import TestbedError
@@ -44,8 +45,16 @@ def test_a_job_round_trips_with_its_schedules() -> None:
         sizes=(2, 2),
         timeout_s=30.0,
         tasks=(
-            CalibrateTask(sizes_bytes=(4096, 65536), repeats=2, overhead_message_bytes=65536),
-            ScheduleTask(key=key, schedule=schedule, warmup=1, repeats=3, trace=True),
+            CalibrateTask(
+                sizes_bytes=(4096, 65536),
+                repeats=2,
+                overhead_message_bytes=65536,
+                overhead_max_repeats=9,
+                overhead_precision=0.03,
+            ),
+            ScheduleTask(
+                key=key, schedule=schedule, warmup=1, repeats=3, max_repeats=12, precision=0.02, trace=True
+            ),
             TorchTask(key=RunKey(planner="torch", message_bytes=1 << 16), warmup=0, repeats=1, dtype="int32"),
         ),
     )
@@ -56,6 +65,11 @@ def test_a_job_round_trips_with_its_schedules() -> None:
     assert isinstance(task, ScheduleTask)
     assert task.collective is Collective.ALL_REDUCE
     assert task.schedule.ops == schedule.ops and task.schedule.sequences == schedule.sequences
+    assert task.rule == RepeatRule(repeats=3, max_repeats=12, precision=0.02)
+    calibrate, torch_task = again.tasks[0], again.tasks[2]
+    assert isinstance(calibrate, CalibrateTask) and isinstance(torch_task, TorchTask)
+    assert calibrate.overhead_rule == RepeatRule(repeats=2, max_repeats=9, precision=0.03)
+    assert torch_task.rule == RepeatRule.fixed(1)  # no cap given: exactly `repeats`
 
 
 def test_tasks_refuse_what_cannot_run() -> None:

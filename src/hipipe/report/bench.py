@@ -24,7 +24,7 @@ from hipipe.testbed.fidelity import (
 )
 from hipipe.testbed.fit import Calibration
 from hipipe.testbed.layout import format_rate
-from hipipe.testbed.results import THEMIS, TORCH_NAME, BenchResult
+from hipipe.testbed.results import THEMIS, TORCH_NAME, BenchConfig, BenchResult
 from hipipe.topology_io import topology_to_dict
 from hipipe.tuning.cache import TunedEntry
 from hipipe.units import format_size, format_time
@@ -63,6 +63,8 @@ def result_to_dict(result: BenchResult) -> dict[str, Any]:
         "messages_bytes": list(config.messages_bytes),
         "warmup": config.warmup,
         "repeats": config.repeats,
+        "max_repeats": config.max_repeats,
+        "precision": config.precision,
         "kernel": result.kernel,
         "rate_check": [
             {
@@ -199,6 +201,7 @@ def summary_rows(result: BenchResult, message_bytes: int) -> list[list[str]]:
                 format_time(row.predicted_s),
                 f"{row.measured_over_predicted:.3f}",
                 f"{100 * relative_spread(row):.1f}%",
+                str(len(row.times_s)),
                 f"{_pct(vs_themis)} (sim {_pct(sim_themis)})" if row.name != THEMIS else "-",
                 (_pct(vs_torch) + speedup) if row.name != TORCH_NAME else "-",
             ]
@@ -214,9 +217,15 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
     "predicted",
     "measured/predicted",
     "spread",
+    "runs",
     "reduction vs themis",
     "reduction vs torch",
 )
+
+
+def _runs(config: BenchConfig) -> str:
+    rule = config.repeat_rule
+    return f"{rule.repeats}" if rule.max_repeats == rule.repeats else f"{rule.repeats}-{rule.max_repeats}"
 
 
 def goal_mark(met: bool | None) -> str:
@@ -250,7 +259,7 @@ def summary_tables(result: BenchResult) -> list[Table]:
     tables = []
     shape = "x".join(str(s) for s in result.config.sizes)
     for message_bytes in result.config.messages_bytes:
-        table = Table(title=f"{shape}, {format_size(message_bytes)} (median of {result.config.repeats})")
+        table = Table(title=f"{shape}, {format_size(message_bytes)} (median of {_runs(result.config)} runs)")
         for column in SUMMARY_COLUMNS:
             table.add_column(column, justify="left" if column == "planner" else "right")
         for cells in summary_rows(result, message_bytes):
@@ -266,7 +275,7 @@ def render_markdown(result: BenchResult, *, gantt_png: str | None = None) -> str
     lines = [
         f"## {shape} at " + ", ".join(format_rate(r) for r in config.rates_bits_per_s),
         "",
-        f"- ranks: {math.prod(config.sizes)}; warm-up {config.warmup}, {config.repeats} timed repeats per row;"
+        f"- ranks: {math.prod(config.sizes)}; warm-up {config.warmup}, {config.repeat_rule.describe()} per row;"
         f" kernel: {result.kernel}",
     ]
     if result.rates:

@@ -19,10 +19,12 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from hipipe.planners import BASELINES, plan
 from hipipe.predict import predicted_s
+from hipipe.repeats import RepeatRule
 from hipipe.schedule import Schedule
 from hipipe.testbed import netns
 from hipipe.testbed.fit import (
@@ -119,12 +121,18 @@ def calibrate_testbed(
     *,
     sizes_bytes: Sequence[int] | None = None,
     repeats: int = 3,
+    overhead_rule: RepeatRule | None = None,
     concurrent_window_s: float = CONCURRENT_WINDOW_S,
     overhead: bool = True,
     workdir: Path,
     progress: ProgressFn | None = None,
 ) -> Calibration:
-    """Run the calibration on a testbed that is up: per-dimension lines, then the per-op overhead."""
+    """Run the calibration on a testbed that is up: per-dimension lines, then the per-op overhead.
+
+    ``overhead_rule`` times the overhead run (default: ``repeats`` runs). The per-op cost is
+    fitted to that run's median, and a 32-chunk run is as noisy as a bench row of many
+    ops, so :func:`_calibrate` gives it the bench rows' rule.
+    """
     if sizes_bytes is None:
         sizes_bytes = calibration_sizes_bytes(layout.rates_bits_per_s)
     total = layout.num_dims * len(sizes_bytes) * repeats
@@ -141,11 +149,14 @@ def calibrate_testbed(
         planned.append(overhead_schedule(fit_all(layout.sizes, event.samples), overhead_bytes))
         return {OVERHEAD_SCHEDULE_KEY: planned[-1].to_json()}
 
+    rule = overhead_rule or RepeatRule.fixed(repeats)
     task = CalibrateTask(
         sizes_bytes=tuple(sizes_bytes),
-        repeats=repeats,
+        repeats=rule.repeats,
         concurrent_window_s=concurrent_window_s,
         overhead_message_bytes=overhead_bytes,
+        overhead_max_repeats=rule.max_repeats,
+        overhead_precision=rule.precision,
     )
     events = run_job(
         layout,
@@ -179,6 +190,7 @@ def _calibrate(
         layout,
         sizes_bytes=config.calibration_sizes_bytes,
         repeats=config.calibration_repeats,
+        overhead_rule=replace(config.repeat_rule, repeats=config.calibration_repeats),
         concurrent_window_s=config.calibration_concurrent_s,
         overhead=config.calibrate_overhead,
         workdir=workdir,
@@ -252,13 +264,27 @@ def _run_plans(
             if key.message_bytes == message_bytes:
                 tasks.append(
                     ScheduleTask(
-                        key=key, schedule=schedule, warmup=config.warmup, repeats=config.repeats, trace=True
+                        key=key,
+                        schedule=schedule,
+                        warmup=config.warmup,
+                        repeats=config.repeats,
+                        max_repeats=config.max_repeats,
+                        precision=config.precision,
+                        trace=True,
                     )
                 )
         if config.include_torch:
             key = RunKey(planner=TORCH_NAME, message_bytes=message_bytes)
             predicted[key] = predicted_on_s(topology, plan(topology, message_bytes, "ring"))
-            tasks.append(TorchTask(key=key, warmup=config.warmup, repeats=config.repeats))
+            tasks.append(
+                TorchTask(
+                    key=key,
+                    warmup=config.warmup,
+                    repeats=config.repeats,
+                    max_repeats=config.max_repeats,
+                    precision=config.precision,
+                )
+            )
     results = run_tasks(layout, tasks, predicted, workdir=workdir, progress=progress)
     rows: list[BenchRow] = []
     traces: dict[RunKey, tuple[tuple[float, float], ...]] = {}
@@ -290,8 +316,8 @@ def run_tasks(
     ``predicted_s`` (per task key) only sizes the timeouts: a run may take several times
     its prediction on a loaded host, but a hang must still end.
     """
-    runs_per_task = max((t.warmup + t.repeats for t in tasks), default=0)
-    total_runs = sum(t.warmup + t.repeats for t in tasks)
+    runs_per_task = max((t.warmup + t.rule.max_repeats for t in tasks), default=0)
+    total_runs = sum(t.warmup + t.rule.max_repeats for t in tasks)
     worst_s = max(predicted_s[t.key] for t in tasks)
     timeout_s = 60.0 + 10 * worst_s
     deadline_s = 180.0 + 4 * sum(predicted_s[t.key] for t in tasks) * runs_per_task + 2 * timeout_s
@@ -301,6 +327,12 @@ def run_tasks(
         nonlocal done
         if isinstance(event, RunDone):
             done += 1
+            if progress:
+                progress(done, total_runs, event.key.describe())
+        elif isinstance(event, RunResult):
+            # a row whose median settled before its cap: count the runs it did not need
+            task = next(t for t in tasks if t.key == event.key)
+            done += task.rule.max_repeats - len(event.times_s)
             if progress:
                 progress(done, total_runs, event.key.describe())
 

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from hipipe.errors import HipipeError
+from hipipe.repeats import RepeatRule
 from hipipe.schedule import Schedule
 from hipipe.testbed.fit import (
     DEFAULT_CALIBRATION_SIZES_BYTES,
@@ -106,7 +107,7 @@ def streamed_ops(probe_s: float) -> int:
 
 
 def measure_overhead_in_process(
-    schedule: Schedule, groups: Sequence[Any], *, repeats: int, timeout_s: float
+    schedule: Schedule, groups: Sequence[Any], *, repeats: int | RepeatRule, timeout_s: float
 ) -> tuple[list[float], tuple[tuple[float, float], ...]]:
     """Run the overhead schedule with the executor: one warm-up, the slowest rank's time per
     repeat, then one traced run: ``(times, this rank's (start_s, end_s) per op)``.

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from hipipe.repeats import RepeatRule
 from hipipe.schedule import Collective, Schedule, schedule_from_dict, schedule_to_dict
 from hipipe.testbed.fit import Sample
 from hipipe.testbed.layout import TestbedError
@@ -78,6 +79,14 @@ class CalibrateTask:
     concurrent_window_s: float = 0.0
     overhead_message_bytes: int = 0
     """0: no overhead run. Otherwise the ranks wait for :data:`OVERHEAD_SCHEDULE_KEY`."""
+    overhead_max_repeats: int = 0
+    """Cap on the overhead run's timed repeats (0: exactly ``repeats``); the per-op cost is
+    fitted to their median, so it gets the same rule as a bench row."""
+    overhead_precision: float = 0.0
+
+    @property
+    def overhead_rule(self) -> RepeatRule:
+        return _rule(self.repeats, self.overhead_max_repeats, self.overhead_precision)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -88,6 +97,10 @@ class ScheduleTask:
     schedule: Schedule
     warmup: int
     repeats: int
+    max_repeats: int = 0
+    """Cap on the timed repeats when the median is not yet settled (0: exactly ``repeats``)."""
+    precision: float = 0.0
+    """Relative standard error of the median at which to stop (:class:`~hipipe.repeats.RepeatRule`)."""
     dtype: str = "float32"
     collective: Collective = Collective.ALL_REDUCE
     """What the run computes; must be the schedule's own collective."""
@@ -106,6 +119,14 @@ class ScheduleTask:
             )
         _check_dtype(self.dtype, self.key.message_bytes)
 
+    @property
+    def rule(self) -> RepeatRule:
+        return _rule(self.repeats, self.max_repeats, self.precision)
+
+
+def _rule(repeats: int, max_repeats: int, precision: float) -> RepeatRule:
+    return RepeatRule(repeats=repeats, max_repeats=max(repeats, max_repeats), precision=precision)
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TorchTask:
@@ -114,11 +135,18 @@ class TorchTask:
     key: RunKey
     warmup: int
     repeats: int
+    max_repeats: int = 0
+    """As :attr:`ScheduleTask.max_repeats`."""
+    precision: float = 0.0
     dtype: str = "float32"
     collective: Collective = Collective.ALL_REDUCE
 
     def __post_init__(self) -> None:
         _check_dtype(self.dtype, self.key.message_bytes)
+
+    @property
+    def rule(self) -> RepeatRule:
+        return _rule(self.repeats, self.max_repeats, self.precision)
 
 
 Task = CalibrateTask | ScheduleTask | TorchTask

@@ -9,6 +9,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from hipipe.cost import busbw_bytes_per_s
+from hipipe.repeats import RepeatRule
 from hipipe.schedule import Schedule
 from hipipe.testbed.fit import CONCURRENT_WINDOW_S, Calibration
 from hipipe.testbed.layout import TestbedError
@@ -28,6 +29,14 @@ TUNED_NAME = "hipipe-tuned"
 DEFAULT_PLANNERS: tuple[str, ...] = ("hipipe", "themis", "pipelined", "hierarchical")
 
 
+DEFAULT_MAX_REPEATS = 12
+"""Cap on a bench row's timed runs: a 64-chunk row spreading 27% reaches a ~3% standard
+error of its median by then; steady rows stop at the floor."""
+
+DEFAULT_PRECISION = 0.02
+"""Relative standard error of a row's median at which it stops (:mod:`hipipe.repeats`)."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class BenchConfig:
     """Everything one ``hipipe bench`` run needs; defaults are the CLI's."""
@@ -39,6 +48,11 @@ class BenchConfig:
     include_torch: bool = True
     warmup: int = 1
     repeats: int = 3
+    """Timed runs per row, at least; more while the median is unsettled (:attr:`repeat_rule`)."""
+    max_repeats: int = DEFAULT_MAX_REPEATS
+    """Timed runs per row, at most (``repeats``: a fixed count)."""
+    precision: float = DEFAULT_PRECISION
+    """A row stops once its median's relative standard error is within this."""
     calibrate: bool = True
     calibration_sizes_bytes: tuple[int, ...] | None = None
     """None: :func:`calibration_sizes_bytes` of the rates."""
@@ -61,6 +75,10 @@ class BenchConfig:
     def __post_init__(self) -> None:
         if self.repeats < 1 or self.warmup < 0:
             raise TestbedError("need repeats >= 1 and warmup >= 0")
+        if self.max_repeats < self.repeats:
+            raise TestbedError(f"--max-repeats {self.max_repeats} is below --repeats {self.repeats}")
+        if not 0 <= self.precision < 1:
+            raise TestbedError(f"--precision is a fraction of the median in [0, 1), got {self.precision}")
         if not self.messages_bytes or any(m % 4 or m <= 0 for m in self.messages_bytes):
             raise TestbedError("message sizes must be positive multiples of 4 bytes (float32 elements)")
         if not self.planners and not self.include_torch and not self.tuned:
@@ -72,6 +90,10 @@ class BenchConfig:
             raise TestbedError("tune here or read tuned schedules from a cache, not both")
         if self.tune and self.tune_best_few < 1:
             raise TestbedError("need at least one hipipe candidate to tune (best few >= 1)")
+
+    @property
+    def repeat_rule(self) -> RepeatRule:
+        return RepeatRule(repeats=self.repeats, max_repeats=self.max_repeats, precision=self.precision)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -12,7 +12,7 @@ tasks (:mod:`hipipe.testbed.protocol`) in order, identical on every rank:
 - :class:`~hipipe.testbed.protocol.TorchTask`: torch.distributed's own collective, the reference.
 
 Runs are timed by :mod:`hipipe.torch.timing` (after a barrier, the slowest rank's time).
-Warm-up runs and the last repeat also check the result (every rank adds ``rank + 1``;
+Warm-up runs and the last timed run also check the result (every rank adds ``rank + 1``;
 the sum is known), so a wrong executor cannot produce a fast number. Rank 0 reports
 progress and results as event lines on stdout; errors go to stderr in one line and exit 1.
 """
@@ -70,7 +70,7 @@ def _calibrate(task: CalibrateTask, job: Job, rank: int, groups: Any, store: Any
     # The parent fits the samples and plans the schedule once; every rank waits for it here.
     schedule = Schedule.from_json(store.get(OVERHEAD_SCHEDULE_KEY).decode())
     times, op_times = measure_overhead_in_process(
-        schedule, groups, repeats=task.repeats, timeout_s=job.timeout_s
+        schedule, groups, repeats=task.overhead_rule, timeout_s=job.timeout_s
     )
     if rank == 0:
         emit(
@@ -103,22 +103,15 @@ def _measure(task: ScheduleTask | TorchTask, job: Job, rank: int, groups: Any) -
     else:
         run = workload.torch_run()
 
-    last = task.warmup + task.repeats - 1
-
     def after(index: int, elapsed_s: float) -> None:
         warm = index < task.warmup
-        if warm or index == last:
+        if warm:
             workload.check()
         if rank == 0:
             emit(RunDone(key=task.key, index=index, warmup=warm, time_s=elapsed_s))
 
-    times = timed_runs(
-        run,
-        warmup=task.warmup,
-        repeats=task.repeats,
-        before=workload.fill,
-        after=after,
-    )
+    times = timed_runs(run, warmup=task.warmup, repeats=task.rule, before=workload.fill, after=after)
+    workload.check()  # the buffer holds the last timed run's result
     if rank == 0:
         trace = traces[0] if traces else None
         op_times = None if trace is None else tuple((t.start_s, t.end_s) for t in trace.ops)

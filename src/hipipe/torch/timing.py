@@ -18,6 +18,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hipipe.repeats import RepeatRule
+
 RunFn = Callable[[], object]
 BeforeFn = Callable[[int], object]
 """Called on every rank before run ``i`` (untimed): refill the buffer, for instance."""
@@ -46,18 +48,23 @@ def timed_runs(
     run: RunFn,
     *,
     warmup: int,
-    repeats: int,
+    repeats: int | RepeatRule,
     before: BeforeFn | None = None,
     after: AfterFn | None = None,
     device: Any = None,
 ) -> list[float]:
-    """``warmup`` untimed runs then ``repeats`` timed ones; the slowest rank's time of each timed run.
+    """``warmup`` untimed runs then the timed ones; the slowest rank's time of each timed run.
 
-    Warm-up runs are timed the same way (``after`` sees their times) but left out of the
-    result: they pay for connections and first-use allocations a steady state does not.
+    ``repeats`` is a count, or a :class:`~hipipe.repeats.RepeatRule` that keeps timing
+    until the median is pinned down: every rank holds the same slowest-rank times, so
+    every rank stops after the same run. Warm-up runs are timed the same way (``after``
+    sees their times) but left out of the result: they pay for connections and first-use
+    allocations a steady state does not.
     """
+    rule = RepeatRule.fixed(repeats) if isinstance(repeats, int) else repeats
     times: list[float] = []
-    for index in range(warmup + repeats):
+    index = 0
+    while not rule.enough(times):
         if before is not None:
             before(index)
         elapsed_s = time_once(run, device=device)
@@ -65,4 +72,5 @@ def timed_runs(
             after(index, elapsed_s)
         if index >= warmup:
             times.append(elapsed_s)
+        index += 1
     return times

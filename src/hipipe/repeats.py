@@ -1,0 +1,94 @@
+"""How many timed runs a measurement needs: enough to pin its median down.
+
+Runs of one schedule vary very differently from schedule to schedule. On the 2-core
+testbed, 64-chunk Themis runs of 4 MiB on a 2x4 network spread 27% (max - min over the
+median) within one ``hipipe bench`` row of 7 runs, while hipipe's few-chunk plan of the
+same message spread 8%, and hierarchical's few large ops spread about 1% in the testbed
+benchmark. A fixed count is then either wasted
+on the steady rows or too small for the noisy ones: the median of 3 such Themis runs
+moved by 16% between two bench runs of the same testbed, which alone decides whether a
+prediction looks 10% off. So a measurement repeats until the median's standard error is
+a small fraction of it, between a floor and a cap.
+
+The decision uses only the slowest-rank times, which every rank holds identically
+(:mod:`hipipe.torch.timing`), so all ranks stop after the same run without a message.
+Torch-free: the parent describes the rule; the ranks apply it.
+"""
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+Z_95 = 1.96
+"""Two-sided 95% normal quantile: it places the order statistics of the interval below."""
+
+
+def median_relative_error(times_s: Sequence[float]) -> float:
+    """Estimated standard error of the median of ``times_s``, relative to that median.
+
+    Distribution-free: the order statistics ``n/2 -+ 0.98 sqrt(n)`` bound a confidence
+    interval of the median (the binomial interval in its normal form), whose exact
+    coverage is known from the binomial distribution; a standard error is its width over
+    twice the normal quantile of that coverage. With 3 runs the interval is their whole
+    range at 75% coverage (range / 2.30), so one outlier among the first runs asks for
+    more; from about 8 runs on it leaves the extreme runs out, so a lone descheduled run
+    cannot keep a settled median going to the cap (a standard deviation would). ``inf``
+    for fewer than two runs.
+    """
+    n = len(times_s)
+    if n < 2:
+        return math.inf
+    ordered = sorted(times_s)
+    median_s = statistics.median(ordered)
+    if median_s <= 0:
+        return math.inf
+    half_width = Z_95 / 2 * math.sqrt(n)
+    low = max(0, math.floor(n / 2 - half_width))  # 0-based: the (low+1)-th smallest
+    high = min(n - 1, math.ceil(n / 2 + half_width) - 1)
+    # P(ordered[low] <= median <= ordered[high]) = P(low + 1 <= runs below the median <= high)
+    coverage = sum(math.comb(n, i) for i in range(low + 1, high + 1)) / 2**n
+    z = statistics.NormalDist().inv_cdf((1 + coverage) / 2)
+    return (ordered[high] - ordered[low]) / (2 * z) / median_s
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RepeatRule:
+    """Timed runs: at least ``repeats``, then more until the median is known within
+    ``precision`` (relative standard error), at most ``max_repeats``.
+
+    ``max_repeats == repeats`` (or ``precision == 0`` with ``max_repeats == repeats``) is
+    a fixed count, the old behaviour.
+    """
+
+    repeats: int
+    max_repeats: int
+    precision: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1:
+            raise ValueError(f"need at least one timed run, got {self.repeats}")
+        if self.max_repeats < self.repeats:
+            raise ValueError(f"at most {self.max_repeats} runs is fewer than the {self.repeats} required")
+        if not 0 <= self.precision < 1:
+            raise ValueError(f"precision is a fraction of the median in [0, 1), got {self.precision}")
+
+    @staticmethod
+    def fixed(repeats: int) -> "RepeatRule":
+        return RepeatRule(repeats=repeats, max_repeats=repeats)
+
+    def enough(self, times_s: Sequence[float]) -> bool:
+        """Whether the timed runs so far settle the median."""
+        if len(times_s) < self.repeats:
+            return False
+        if len(times_s) >= self.max_repeats:
+            return True
+        return median_relative_error(times_s) <= self.precision
+
+    def describe(self) -> str:
+        if self.max_repeats == self.repeats:
+            return f"{self.repeats} timed repeats"
+        return (
+            f"{self.repeats} to {self.max_repeats} timed repeats (until the median's standard error"
+            f" is within {100 * self.precision:g}%)"
+        )
