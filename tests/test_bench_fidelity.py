@@ -15,6 +15,7 @@ import pytest
 from hipipe.cli import main
 from hipipe.planners import plan
 from hipipe.report.bench import cell_lines, fidelity_summary_markdown, render_markdown, result_to_dict
+from hipipe.schedule import Collective
 from hipipe.testbed import netns
 from hipipe.testbed.fidelity import (
     GOAL_NAMES,
@@ -30,7 +31,15 @@ from hipipe.testbed.fidelity import (
 )
 from hipipe.testbed.layout import Layout, TestbedError
 from hipipe.testbed.protocol import RunKey, RunResult, ScheduleTask
-from hipipe.testbed.results import THEMIS, TORCH_NAME, TUNED_NAME, BenchConfig, BenchResult, BenchRow
+from hipipe.testbed.results import (
+    THEMIS,
+    TORCH_NAME,
+    TUNED_NAME,
+    BenchConfig,
+    BenchResult,
+    BenchRow,
+    is_torch_row,
+)
 from hipipe.tuning.cache import Measurement, TunedEntry, TuningKey
 from testbed_host import root_skip_reason, unused_prefix
 
@@ -298,6 +307,28 @@ def test_bench_config_refuses_tuning_twice() -> None:
         BenchConfig(sizes=SIZES, rates_bits_per_s=RATES, messages_bytes=(MIB,), tuned=(schedule,), tune=True)
     with pytest.raises(TestbedError, match="best few"):
         BenchConfig(sizes=SIZES, rates_bits_per_s=RATES, messages_bytes=(MIB,), tune=True, tune_best_few=0)
+
+
+def test_bench_config_checks_the_collective_it_runs() -> None:
+    rs = BenchConfig(
+        sizes=SIZES, rates_bits_per_s=RATES, messages_bytes=(MIB,), collective=Collective.REDUCE_SCATTER
+    )
+    assert rs.torch_name == "torch.distributed.reduce_scatter_tensor"
+    assert is_torch_row(rs.torch_name) and is_torch_row(TORCH_NAME) and not is_torch_row("hipipe")
+    with pytest.raises(TestbedError, match="split into 4 equal float32 shards"):
+        BenchConfig(
+            sizes=SIZES, rates_bits_per_s=RATES, messages_bytes=(36,), collective=Collective.ALL_GATHER
+        )
+    topology = Layout(prefix="hp0000", sizes=SIZES, rates_bits_per_s=RATES).nominal_topology()
+    schedule = plan(topology, MIB, "hipipe")  # an AllReduce
+    with pytest.raises(TestbedError, match="computes all_reduce, the bench runs reduce_scatter"):
+        BenchConfig(
+            sizes=SIZES,
+            rates_bits_per_s=RATES,
+            messages_bytes=(MIB,),
+            collective=Collective.REDUCE_SCATTER,
+            tuned=(schedule,),
+        )
 
 
 def test_bench_config_repeats_rows_until_their_median_settles() -> None:

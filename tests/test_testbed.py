@@ -19,6 +19,7 @@ from hipipe.cost import op_time_s
 from hipipe.overheads import Overheads
 from hipipe.predict import predicted_s, replay_op_times_s
 from hipipe.report.bench import result_to_dict
+from hipipe.schedule import Collective
 from hipipe.testbed import netns
 from hipipe.testbed.fit import (
     DimFit,
@@ -400,6 +401,7 @@ def test_testbed_rates_and_one_small_benchmark(tmp_path: Path) -> None:
             planners=("hipipe", THEMIS),
             warmup=1,
             repeats=1,
+            max_repeats=1,
             calibration_sizes_bytes=(64 * 1024, 512 * 1024),
             calibration_repeats=1,
             rate_check_s=0.5,
@@ -412,6 +414,49 @@ def test_testbed_rates_and_one_small_benchmark(tmp_path: Path) -> None:
         netns.down(prefix, state_dir=state_dir)
         assert netns.existing_netns(prefix) == []
     assert not list(state_dir.glob("*.json"))
+
+
+@pytest.mark.root
+@pytest.mark.slow
+@pytest.mark.parametrize("collective", [Collective.REDUCE_SCATTER, Collective.ALL_GATHER])
+def test_bench_measures_reduce_scatter_and_all_gather_against_torch(
+    tmp_path: Path, collective: Collective
+) -> None:
+    reason = root_skip_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    pytest.importorskip("torch", reason="the benchmark needs torch")
+    from hipipe.testbed.bench import run_bench
+
+    state_dir, prefix = tmp_path / "state", unused_prefix()
+    config = BenchConfig(
+        sizes=(2, 2),
+        rates_bits_per_s=(100e6, 200e6),
+        messages_bytes=(1 << 20,),
+        collective=collective,
+        planners=("hipipe",),
+        repeats=2,
+        max_repeats=2,
+        calibrate=False,
+        rate_check_s=0.0,
+    )
+    try:
+        # every run is checked on the ranks against the closed form of its collective
+        result = run_bench(config, workdir=tmp_path / "bench", state_dir=state_dir, prefix=prefix)
+    finally:
+        netns.down(prefix, state_dir=state_dir)
+    torch_name = f"torch.distributed.{collective.torch_function}"
+    assert [r.name for r in result.rows] == ["hipipe", torch_name]
+    assert all(len(r.times_s) == 2 and r.collective is collective for r in result.rows)
+    hipipe = result.rows[0]
+    # a ReduceScatter or AllGather moves (N-1)/N of the message per rank: busbw = algbw * 3/4
+    assert hipipe.busbw_bytes_per_s == pytest.approx((1 << 20) / hipipe.median_s * 3 / 4)
+    document = result_to_dict(result)
+    assert document["collective"] == collective.value
+    assert document["rows"][0]["reduction_vs_torch"] == pytest.approx(
+        1 - hipipe.median_s / result.rows[1].median_s
+    )
+    assert netns.existing_netns(prefix) == []
 
 
 def test_streamed_samples_become_one_curve_per_dim_and_phase() -> None:

@@ -59,6 +59,15 @@ class Collective(StrEnum):
             raise ScheduleError(f"unknown collective {value!r} (use {names})") from None
 
     @property
+    def torch_function(self) -> str:
+        """The ``torch.distributed`` function computing it on flat tensors (what users compare with)."""
+        return {
+            Collective.ALL_REDUCE: "all_reduce",
+            Collective.REDUCE_SCATTER: "reduce_scatter_tensor",
+            Collective.ALL_GATHER: "all_gather_into_tensor",
+        }[self]
+
+    @property
     def moves_per_byte(self) -> int:
         """How many of the halves (RS, AG) a byte of the message takes part in: 2 or 1."""
         return 2 if self is Collective.ALL_REDUCE else 1

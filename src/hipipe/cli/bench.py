@@ -1,4 +1,4 @@
-"""``hipipe bench``: run every planner and torch's all_reduce on an emulated testbed.
+"""``hipipe bench``: run every planner and torch's own collective on an emulated testbed.
 
 Brings a testbed up, calibrates it, runs the plans (and with ``--tuned CACHE`` the
 schedule ``hipipe tune`` kept, as a ``hipipe-tuned`` row; with ``--tune`` it tunes each
@@ -19,7 +19,7 @@ from pathlib import Path
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from hipipe.cli import bench_training
-from hipipe.cli.common import check_output_path, stderr_console, stdout_console
+from hipipe.cli.common import add_collective_argument, check_output_path, stderr_console, stdout_console
 from hipipe.files import atomic_write_text
 from hipipe.planners import PLANNERS
 from hipipe.report.bench import (
@@ -41,8 +41,9 @@ from hipipe.units import format_size, parse_sizes_bytes
 
 def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     parser = subparsers.add_parser(
-        "bench", help="measure planners and torch all_reduce on an emulated testbed (root, Linux, torch)"
+        "bench", help="measure planners and torch's collective on an emulated testbed (root, Linux, torch)"
     )
+    add_collective_argument(parser)
     parser.add_argument("--testbed", required=True, metavar="SHAPE", help="ranks per dimension, e.g. 2x4")
     parser.add_argument("--rates", required=True, help="rate per dimension, e.g. 50,200Mbit")
     parser.add_argument(
@@ -115,7 +116,11 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 def _tuned(
-    cache: str, sizes: tuple[int, ...], rates: tuple[float, ...], messages: tuple[int, ...]
+    cache: str,
+    sizes: tuple[int, ...],
+    rates: tuple[float, ...],
+    messages: tuple[int, ...],
+    collective: Collective,
 ) -> tuple[Schedule, ...]:
     """The cached schedule for each size, keyed by the nominal testbed topology; all must be there."""
     topology = nominal_topology(sizes, rates)
@@ -123,11 +128,12 @@ def _tuned(
         raise TuningError(f"tuning cache {cache!r} not found: run hipipe tune first")
     out = []
     for message_bytes in messages:
-        schedule = load_tuned(cache, topology, Collective.ALL_REDUCE, message_bytes, "float32")
+        schedule = load_tuned(cache, topology, collective, message_bytes, "float32")
         if schedule is None:
             raise TuningError(
-                f"{cache!r} has no float32 all_reduce of {format_size(message_bytes)} for {topology.name}"
+                f"{cache!r} has no float32 {collective.value} of {format_size(message_bytes)} for {topology.name}"
                 f" at these rates: hipipe tune --testbed {'x'.join(map(str, sizes))} --size {message_bytes}"
+                f" --collective {collective.value}"
             )
         out.append(schedule)
     return tuple(out)
@@ -140,9 +146,14 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.workload is not None:
         if args.json is not None or args.tune:
-            raise TestbedError("--json and --tune are for the AllReduce bench, not --workload (use -o)")
+            raise TestbedError("--json and --tune are for the collective bench, not --workload (use -o)")
+        if Collective.parse(args.collective) is not Collective.ALL_REDUCE:
+            raise TestbedError(
+                "--collective is for the collective bench: --workload runs its own (DDP, FSDP2)"
+            )
         signal.signal(signal.SIGTERM, _exit_on_sigterm)  # a plain `kill` still tears the testbed down
         return bench_training.run_training(args)
+    collective = Collective.parse(args.collective)
     sizes = parse_shape(args.testbed)
     rates = parse_rates_bits_per_s(args.rates, len(sizes))
     messages = tuple(parse_sizes_bytes(args.size))
@@ -160,11 +171,12 @@ def run(args: argparse.Namespace) -> int:
         raise TestbedError("give --tune (tune here) or --tuned CACHE (a tuning done before), not both")
     if args.best_few != DEFAULT_BEST_FEW and not args.tune:
         raise TestbedError("--best-few chooses the tuning candidates: it needs --tune")
-    tuned = _tuned(args.tuned, sizes, rates, messages) if args.tuned else ()
+    tuned = _tuned(args.tuned, sizes, rates, messages, collective) if args.tuned else ()
     config = BenchConfig(
         sizes=sizes,
         rates_bits_per_s=rates,
         messages_bytes=messages,
+        collective=collective,
         planners=planners,
         include_torch=not args.no_torch,
         warmup=args.warmup,

@@ -14,7 +14,7 @@ from typing import Any
 
 from rich.table import Table
 
-from hipipe.schedule import schedule_to_dict
+from hipipe.schedule import Collective, schedule_to_dict
 from hipipe.testbed.fidelity import (
     REDUCTION_PLANNER,
     CellFidelity,
@@ -24,7 +24,7 @@ from hipipe.testbed.fidelity import (
 )
 from hipipe.testbed.fit import Calibration
 from hipipe.testbed.layout import format_rate
-from hipipe.testbed.results import THEMIS, TORCH_NAME, BenchConfig, BenchResult
+from hipipe.testbed.results import THEMIS, BenchConfig, BenchResult, is_torch_row
 from hipipe.topology_io import topology_to_dict
 from hipipe.tuning.cache import TunedEntry
 from hipipe.units import format_size, format_time
@@ -51,7 +51,9 @@ def result_to_dict(result: BenchResult) -> dict[str, Any]:
                 "simulated_reduction_vs_themis": _finite(
                     result.reduction(row.name, THEMIS, row.message_bytes, simulated=True)
                 ),
-                "reduction_vs_torch": _finite(result.reduction(row.name, TORCH_NAME, row.message_bytes)),
+                "reduction_vs_torch": _finite(
+                    result.reduction(row.name, result.config.torch_name, row.message_bytes)
+                ),
             }
         )
     return {
@@ -60,6 +62,7 @@ def result_to_dict(result: BenchResult) -> dict[str, Any]:
         "shape": "x".join(str(s) for s in config.sizes),
         "num_ranks": math.prod(config.sizes),
         "rates_bits_per_s": list(config.rates_bits_per_s),
+        "collective": config.collective.value,
         "messages_bytes": list(config.messages_bytes),
         "warmup": config.warmup,
         "repeats": config.repeats,
@@ -189,8 +192,9 @@ def summary_rows(result: BenchResult, message_bytes: int) -> list[list[str]]:
     for row in (r for r in result.rows if r.message_bytes == message_bytes):
         vs_themis = result.reduction(row.name, THEMIS, message_bytes)
         sim_themis = result.reduction(row.name, THEMIS, message_bytes, simulated=True)
-        vs_torch = result.reduction(row.name, TORCH_NAME, message_bytes)
-        torch_row = result.row(TORCH_NAME, message_bytes)
+        torch_name = result.config.torch_name
+        vs_torch = result.reduction(row.name, torch_name, message_bytes)
+        torch_row = result.row(torch_name, message_bytes)
         speedup = f" ({torch_row.median_s / row.median_s:.2f}x)" if torch_row is not None else ""
         out.append(
             [
@@ -203,7 +207,7 @@ def summary_rows(result: BenchResult, message_bytes: int) -> list[list[str]]:
                 f"{100 * relative_spread(row):.1f}%",
                 str(len(row.times_s)),
                 f"{_pct(vs_themis)} (sim {_pct(sim_themis)})" if row.name != THEMIS else "-",
-                (_pct(vs_torch) + speedup) if row.name != TORCH_NAME else "-",
+                (_pct(vs_torch) + speedup) if row.name != torch_name else "-",
             ]
         )
     return out
@@ -221,6 +225,11 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
     "reduction vs themis",
     "reduction vs torch",
 )
+
+
+def _what(config: BenchConfig) -> str:
+    """The collective in a title, only when it is not the default AllReduce."""
+    return "" if config.collective is Collective.ALL_REDUCE else f"{config.collective.value} of "
 
 
 def _runs(config: BenchConfig) -> str:
@@ -259,7 +268,8 @@ def summary_tables(result: BenchResult) -> list[Table]:
     tables = []
     shape = "x".join(str(s) for s in result.config.sizes)
     for message_bytes in result.config.messages_bytes:
-        table = Table(title=f"{shape}, {format_size(message_bytes)} (median of {_runs(result.config)} runs)")
+        title = f"{shape}, {_what(result.config)}{format_size(message_bytes)} (median of {_runs(result.config)} runs)"
+        table = Table(title=title)
         for column in SUMMARY_COLUMNS:
             table.add_column(column, justify="left" if column == "planner" else "right")
         for cells in summary_rows(result, message_bytes):
@@ -273,7 +283,7 @@ def render_markdown(result: BenchResult, *, gantt_png: str | None = None) -> str
     config = result.config
     shape = "x".join(str(s) for s in config.sizes)
     lines = [
-        f"## {shape} at " + ", ".join(format_rate(r) for r in config.rates_bits_per_s),
+        f"## {_what(config)}{shape} at " + ", ".join(format_rate(r) for r in config.rates_bits_per_s),
         "",
         f"- ranks: {math.prod(config.sizes)}; warm-up {config.warmup}, {config.repeat_rule.describe()} per row;"
         f" kernel: {result.kernel}",
@@ -321,7 +331,7 @@ def fidelity_summary_markdown(results: Sequence[BenchResult]) -> str:
             + ", ".join(format_rate(r) for r in result.config.rates_bits_per_s)
         )
         for cell in result_fidelity(result):
-            ratios = {n: v for n, v in cell.ratios.items() if n != TORCH_NAME and math.isfinite(v)}
+            ratios = {n: v for n, v in cell.ratios.items() if not is_torch_row(n) and math.isfinite(v)}
             worst = max(ratios, key=lambda n: abs(ratios[n] - 1), default=None)
             tuned = cell.tuned
             checked = [g for g in cell.goals if g.met is not None]

@@ -1,9 +1,10 @@
-"""``hipipe bench``: measured AllReduce times on an emulated testbed, beside their predictions.
+"""``hipipe bench``: measured collective times on an emulated testbed, beside their predictions.
 
 One call brings a testbed up, checks its rates, calibrates it (so predictions use the
 latency and bandwidth the testbed really delivers, not the nominal rates), plans every
 planner on the calibrated topology, runs each plan with the executor and
-``torch.distributed.all_reduce`` as the reference (warm-up, then timed repeats), and
+torch's own collective as the reference (``all_reduce``, ``reduce_scatter_tensor`` or
+``all_gather_into_tensor``; warm-up, then timed repeats), and
 tears the testbed down whatever happens.
 
 Orchestration only: the rows it fills are :mod:`hipipe.testbed.results`; the tables,
@@ -53,7 +54,7 @@ from hipipe.testbed.protocol import (
     measured_schedule,
 )
 from hipipe.testbed.ratecheck import DimRate, check_rates
-from hipipe.testbed.results import TORCH_NAME, TUNED_NAME, BenchConfig, BenchResult, BenchRow
+from hipipe.testbed.results import TUNED_NAME, BenchConfig, BenchResult, BenchRow
 from hipipe.topology import Topology
 from hipipe.tuning.cache import TunedEntry
 from hipipe.units import format_size
@@ -216,6 +217,7 @@ def _tune(
             sizes=config.sizes,
             rates_bits_per_s=config.rates_bits_per_s,
             message_bytes=message_bytes,
+            collective=config.collective,
             warmup=config.warmup,
             repeats=config.repeats,
             best_few=config.tune_best_few,
@@ -254,7 +256,7 @@ def _run_plans(
     for message_bytes in config.messages_bytes:
         for name in config.planners:
             key = RunKey(planner=name, message_bytes=message_bytes)
-            schedules[key] = plan(topology, message_bytes, name)
+            schedules[key] = plan(topology, message_bytes, name, collective=config.collective)
             predicted[key] = predicted_on_s(topology, schedules[key])
         if message_bytes in tuned:
             key = RunKey(planner=TUNED_NAME, message_bytes=message_bytes)
@@ -270,12 +272,14 @@ def _run_plans(
                         repeats=config.repeats,
                         max_repeats=config.max_repeats,
                         precision=config.precision,
+                        collective=config.collective,
                         trace=True,
                     )
                 )
         if config.include_torch:
-            key = RunKey(planner=TORCH_NAME, message_bytes=message_bytes)
-            predicted[key] = predicted_on_s(topology, plan(topology, message_bytes, "ring"))
+            key = RunKey(planner=config.torch_name, message_bytes=message_bytes)
+            ring = plan(topology, message_bytes, "ring", collective=config.collective)
+            predicted[key] = predicted_on_s(topology, ring)
             tasks.append(
                 TorchTask(
                     key=key,
@@ -283,6 +287,7 @@ def _run_plans(
                     repeats=config.repeats,
                     max_repeats=config.max_repeats,
                     precision=config.precision,
+                    collective=config.collective,
                 )
             )
     results = run_tasks(layout, tasks, predicted, workdir=workdir, progress=progress)
@@ -296,6 +301,7 @@ def _run_plans(
                 num_ranks=layout.num_ranks,
                 times_s=event.times_s,
                 predicted_s=predicted[event.key],
+                collective=config.collective,
             )
         )
         if event.op_times_s is not None:

@@ -23,7 +23,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hipipe.testbed.results import THEMIS, TORCH_NAME, TUNED_NAME, BenchResult, BenchRow
+from hipipe.testbed.results import THEMIS, TUNED_NAME, BenchResult, BenchRow, is_torch_row
 
 FIDELITY_PLANNERS: tuple[str, ...] = ("hipipe", THEMIS, "pipelined", "hierarchical")
 """The planners whose pairwise order the ranking goal counts (6 pairs)."""
@@ -196,7 +196,7 @@ def cached_choice(result: BenchResult, message_bytes: int) -> str | None:
 
 def ratio_planners(rows: Sequence[BenchRow]) -> list[BenchRow]:
     """Rows the measured / predicted goal covers: every planner and hipipe-tuned, not torch."""
-    return [r for r in rows if r.name != TORCH_NAME]
+    return [r for r in rows if not is_torch_row(r.name)]
 
 
 def cell_fidelity(

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from hipipe.cost import busbw_bytes_per_s
 from hipipe.repeats import RepeatRule
-from hipipe.schedule import Schedule
+from hipipe.schedule import Collective, Schedule
 from hipipe.testbed.fit import CONCURRENT_WINDOW_S, Calibration
 from hipipe.testbed.layout import TestbedError
 from hipipe.testbed.ratecheck import DimRate
@@ -18,8 +18,21 @@ from hipipe.topology import Topology
 from hipipe.tuning.cache import TunedEntry
 from hipipe.tuning.candidates import DEFAULT_BEST_FEW
 
-TORCH_NAME = "torch.distributed.all_reduce"
-"""Row name of the reference; its prediction is the flat ``ring`` model (Gloo runs a ring)."""
+
+def torch_row_name(collective: Collective) -> str:
+    """Row name of the reference for ``collective``; its prediction is the flat ``ring``
+    model (Gloo runs a ring)."""
+    return f"torch.distributed.{collective.torch_function}"
+
+
+TORCH_NAME = torch_row_name(Collective.ALL_REDUCE)
+"""The AllReduce reference row (the default collective)."""
+
+
+def is_torch_row(name: str) -> bool:
+    """Whether a row is torch's reference (of any collective) rather than a planner's."""
+    return name in {torch_row_name(c) for c in Collective}
+
 
 THEMIS = "themis"
 
@@ -44,6 +57,8 @@ class BenchConfig:
     sizes: tuple[int, ...]
     rates_bits_per_s: tuple[float, ...]
     messages_bytes: tuple[int, ...]
+    """Full per-rank buffers (a ReduceScatter's input, an AllGather's output)."""
+    collective: Collective = Collective.ALL_REDUCE
     planners: tuple[str, ...] = DEFAULT_PLANNERS
     include_torch: bool = True
     warmup: int = 1
@@ -83,6 +98,17 @@ class BenchConfig:
             raise TestbedError("message sizes must be positive multiples of 4 bytes (float32 elements)")
         if not self.planners and not self.include_torch and not self.tuned:
             raise TestbedError("nothing to run: no planner and no torch reference")
+        if any(m % (4 * math.prod(self.sizes)) for m in self.messages_bytes) and (
+            self.collective is not Collective.ALL_REDUCE
+        ):
+            raise TestbedError(
+                f"a {self.collective.value} message must split into {math.prod(self.sizes)} equal float32 shards"
+            )
+        wrong = [s for s in self.tuned if s.collective is not self.collective]
+        if wrong:
+            raise TestbedError(
+                f"the tuned schedule computes {wrong[0].collective.value}, the bench runs {self.collective.value}"
+            )
         tuned_sizes = sorted(s.message_bytes for s in self.tuned)
         if self.tuned and tuned_sizes != sorted(self.messages_bytes):
             raise TestbedError("give one tuned schedule per message size")
@@ -90,6 +116,10 @@ class BenchConfig:
             raise TestbedError("tune here or read tuned schedules from a cache, not both")
         if self.tune and self.tune_best_few < 1:
             raise TestbedError("need at least one hipipe candidate to tune (best few >= 1)")
+
+    @property
+    def torch_name(self) -> str:
+        return torch_row_name(self.collective)
 
     @property
     def repeat_rule(self) -> RepeatRule:
@@ -106,6 +136,7 @@ class BenchRow:
     times_s: tuple[float, ...]
     predicted_s: float
     """The plan's makespan on the calibrated topology (torch: the flat ring model)."""
+    collective: Collective = Collective.ALL_REDUCE
 
     @property
     def median_s(self) -> float:
@@ -121,7 +152,7 @@ class BenchRow:
 
     @property
     def busbw_bytes_per_s(self) -> float:
-        return busbw_bytes_per_s(self.message_bytes, self.median_s, self.num_ranks)
+        return busbw_bytes_per_s(self.message_bytes, self.median_s, self.num_ranks, self.collective)
 
     @property
     def measured_over_predicted(self) -> float:

@@ -104,11 +104,7 @@ class RunResult:
     collective: Collective = Collective.ALL_REDUCE
 
 
-TORCH_NAMES = {
-    Collective.ALL_REDUCE: "all_reduce",
-    Collective.REDUCE_SCATTER: "reduce_scatter_tensor",
-    Collective.ALL_GATHER: "all_gather_into_tensor",
-}
+TORCH_NAMES = {c: c.torch_function for c in Collective}
 """What ``hipipe run`` compares against, by the names users know."""
 
 _TORCH_OPS = {
