@@ -139,13 +139,27 @@ def test_tc_commands_shape_each_dimension_and_spare_small_packets() -> None:
     assert any("classid 1:10 htb rate 50000000bit ceil 50000000bit" in t for t in text)
     assert any("classid 1:11 htb rate 200000000bit ceil 200000000bit" in t for t in text)
     assert any("htb default 2" in t for t in text)
-    # IPv4 total length < 128: top 9 bits of the u16 at offset 2 are zero
-    assert any("prio 1 u32 match u16 0x0000 0xff80 at 2 flowid 1:2" in t for t in text)
+    # IPv4 total length < 128 (top 9 bits of the u16 at offset 2 zero), a 20-byte IPv4
+    # header, TCP, and PSH clear in the flags byte: pure ACKs only, never a data segment
+    [small] = [t for t in text if "prio 1 u32" in t]
+    assert small.endswith(
+        "match u16 0x0000 0xff80 at 2 match u8 0x45 0xff at 0 match u8 0x06 0xff at 9"
+        " match u8 0x00 0x08 at 33 flowid 1:2"
+    )
     dst_filters = [t for t in text if "match ip dst" in t]
     assert len(dst_filters) == layout.num_ranks - 1
     assert any(f"dst {layout.rank_address(0)}/32 flowid 1:10" in t for t in dst_filters)
     assert any(f"dst {layout.rank_address(3)}/32 flowid 1:11" in t for t in dst_filters)
     assert any(f"dst {layout.rank_address(2)}/32 flowid 1:10" in t for t in dst_filters)  # both dims
+
+
+def test_ranks_run_tcp_without_tail_loss_probes() -> None:
+    layout = layout_2x4()
+    commands = netns.sysctl_commands(layout)
+    assert len(commands) == layout.num_ranks * len(netns.RANK_SYSCTLS)
+    for rank in range(layout.num_ranks):
+        mine = [c[-1] for c in commands if c[3] == layout.rank_netns(rank)]
+        assert "net.ipv4.tcp_early_retrans=0" in mine and "net.ipv4.tcp_slow_start_after_idle=0" in mine
 
 
 def test_link_commands_stay_inside_the_testbed() -> None:
@@ -386,6 +400,18 @@ def test_testbed_rates_and_one_small_benchmark(tmp_path: Path) -> None:
         for rank in range(testbed.layout.num_ranks):  # every rank's connections run cubic, not the host's
             routes = netns.run(["ip", "-n", testbed.layout.rank_netns(rank), "route", "show"])
             assert f"congctl {netns.TCP_CONGESTION_CONTROL}" in routes, routes
+            probes = netns.run(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    testbed.layout.rank_netns(rank),
+                    "sysctl",
+                    "-n",
+                    "net.ipv4.tcp_early_retrans",
+                ]
+            )
+            assert probes.strip() == "0", probes
         measured = check_rates(testbed.layout, duration_s=1.5, warmup_s=0.5)
         for rate in measured:
             assert rate.median_bits_per_s == pytest.approx(rate.target_bits_per_s, rel=0.10), rate

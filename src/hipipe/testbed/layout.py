@@ -32,7 +32,7 @@ MAX_IFNAME_CHARS = 15
 """Linux IFNAMSIZ - 1."""
 
 SMALL_PACKET_BYTES = 128
-"""IP packets shorter than this (pure ACKs, handshakes) bypass the shaped classes."""
+"""TCP segments shorter than this without PSH (pure ACKs) bypass the shaped classes."""
 
 
 class TestbedError(HipipeError):

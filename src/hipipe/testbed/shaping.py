@@ -2,10 +2,13 @@
 
 Each rank's veth gets an htb root with one class per dimension (rate = ceil = the
 dimension's rate, so a dimension never borrows another's bandwidth) and one unshaped
-class. u32 filters send every IP packet shorter than :data:`SMALL_PACKET_BYTES` (pure
-ACKs) to the unshaped class first -- otherwise ACKs queue behind data and small
-exchanges stall -- then classify by destination: the class of the dimension the pair
-talks over (:meth:`Layout.shaping_dim`). Anything else (ARP, the rendezvous store on
+class. u32 filters send TCP segments shorter than :data:`SMALL_PACKET_BYTES` without
+the PSH flag (pure ACKs) to the unshaped class first -- otherwise ACKs queue behind data
+and small exchanges stall -- then classify by destination: the class of the dimension
+the pair talks over (:meth:`Layout.shaping_dim`). Small *data* segments stay shaped:
+when every short packet bypassed the queue, the tail of a message overtook the data
+queued before it, and one job of ten 4 MiB pipelined and Themis runs on 2x4 at
+100 Mbit/s saw 285 reorderings and 257 SACK recoveries (3 and 15 with the PSH test). Anything else (ARP, the rendezvous store on
 the hub) is unshaped. Shaping is on egress only: each rank's sending rate per dimension
 is what the cost model calls the per-NPU bandwidth B_k.
 
@@ -30,6 +33,15 @@ BURST_S = 0.0005
 """Token bucket depth in time at the class rate; covers timer slack on a busy host."""
 
 MIN_BURST_BYTES = 4_000
+
+
+IPV4_NO_OPTIONS = 0x45
+"""First byte of an IPv4 header of 20 bytes (version 4, IHL 5): the TCP header follows at 20."""
+
+IPPROTO_TCP = 0x06
+
+TCP_PSH = 0x08
+"""The PSH bit of the TCP flags byte: set on a segment that ends a write, never on a pure ACK."""
 
 
 def dim_classid(dim: int) -> str:
@@ -70,13 +82,18 @@ def rank_tc_commands(layout: Layout, rank: int) -> list[list[str]]:
                 *f"rate {_bits(rate)} ceil {_bits(rate)} burst {burst} cburst {burst} quantum {quantum}".split(),
             ]
         )
-    # IPv4 total length is the u16 at offset 2; below 128 the top 9 bits are zero.
+    # IPv4 total length is the u16 at offset 2; below 128 the top 9 bits are zero. Only
+    # TCP segments without PSH (a 20-byte IP header puts the TCP flags at byte 33): pure
+    # ACKs. A small *data* segment carries PSH and stays in its dimension's queue, else
+    # it overtakes the data queued before it and the receiver sees the stream reordered.
     small_mask = f"0x{0xFFFF & ~(SMALL_PACKET_BYTES - 1):04x}"
     commands.append(
         [
             *tc,
             *f"filter add dev {dev} parent 1: protocol ip prio 1 u32".split(),
-            *f"match u16 0x0000 {small_mask} at 2 flowid {UNSHAPED_CLASSID}".split(),
+            *f"match u16 0x0000 {small_mask} at 2".split(),
+            *f"match u8 {IPV4_NO_OPTIONS:#04x} 0xff at 0 match u8 {IPPROTO_TCP:#04x} 0xff at 9".split(),
+            *f"match u8 0x00 {TCP_PSH:#04x} at 33 flowid {UNSHAPED_CLASSID}".split(),
         ]
     )
     for peer in range(layout.num_ranks):
