@@ -108,10 +108,10 @@ RANK_SYSCTLS: tuple[str, ...] = ("net.ipv4.tcp_slow_start_after_idle=0", "net.ip
 - no tail loss probes: a segment waits in its htb class for as long as the bytes queued
   ahead of it take at the class rate, far beyond twice the RTT an idle connection
   measured, so the probe fired for segments still queued on the host. Over one job of
-  ten 4 MiB pipelined and Themis runs on 2x4 at 100 Mbit/s that was 416 probes and 431
-  retransmitted segments, every one a duplicate (431 DSACKs back, no qdisc drop); with
-  probes off, 20 retransmissions. The shaped links never drop (htb queues, no loss
-  emulation), so nothing is left for a probe to recover."""
+  24 runs of 4 MiB pipelined and Themis schedules on 2x4 at 100 Mbit/s that was 416
+  probes and 431 retransmitted segments, every one a duplicate (431 DSACKs back, no
+  qdisc drop); with probes off, 20 retransmissions. The shaped links never drop (htb
+  queues, no loss emulation), so nothing is left for a probe to recover."""
 
 
 def sysctl_commands(layout: Layout) -> list[list[str]]:

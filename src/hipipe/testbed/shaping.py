@@ -7,10 +7,11 @@ the PSH flag (pure ACKs) to the unshaped class first -- otherwise ACKs queue beh
 and small exchanges stall -- then classify by destination: the class of the dimension
 the pair talks over (:meth:`Layout.shaping_dim`). Small *data* segments stay shaped:
 when every short packet bypassed the queue, the tail of a message overtook the data
-queued before it, and one job of ten 4 MiB pipelined and Themis runs on 2x4 at
-100 Mbit/s saw 285 reorderings and 257 SACK recoveries (3 and 15 with the PSH test). Anything else (ARP, the rendezvous store on
-the hub) is unshaped. Shaping is on egress only: each rank's sending rate per dimension
-is what the cost model calls the per-NPU bandwidth B_k.
+queued before it, and one job of 24 runs of 4 MiB pipelined and Themis schedules on 2x4
+at 100 Mbit/s saw 285 reorderings and 257 SACK recoveries (3 and 15 with the PSH test).
+Anything else (ARP, the rendezvous store on the hub) is unshaped. Shaping is on egress
+only: each rank's sending rate per dimension is what the cost model calls the per-NPU
+bandwidth B_k.
 
 The kernel may lack a qdisc: :func:`probe_kernel` tries htb, u32 and netem on a
 namespace's loopback and reports the absence in one line instead of failing later.
