@@ -22,8 +22,8 @@ their numbers (:mod:`hipipe.testbed.fidelity`):
 and, on the torch shape, hipipe >= 2x torch all_reduce at the larger size. It ends with
 one JSON line. ``--out DIR`` writes ``testbed-<machine>-<date>.md`` and ``.png``.
 
-Duration on a quiet 2-core host, 3 repeats: about 26 minutes. Per shape ~80 s of
-testbed set-up, rate check, calibration (~40 s), planning and starting the ranks for two
+Duration on a quiet 2-core host, 3 to 12 repeats: about 29 minutes (26 with a fixed 3).
+Per shape ~80 s of testbed set-up, rate check, calibration (~40 s), planning and starting the ranks for two
 jobs; then 4 rounds (warm-up + 3 repeats) of the tuning candidates and the rows, ~285 s
 per round over all shapes at 4 + 16 MiB (the 1:8 4x2 shape ~110 s of it), from the
 planners' times on a calibration-like topology, checked against a 2 MiB and a 4 MiB run.
@@ -126,7 +126,7 @@ def write_report(
         f"# Testbed fidelity benchmark ({machine}, {datetime.date.today().isoformat()})",
         "",
         "Emulated network: one Linux network namespace per rank behind a bridge, one htb class",
-        "per dimension on each rank's veth (classified by destination, packets < 128 B unshaped),",
+        "per dimension on each rank's veth (classified by destination; pure ACKs unshaped),",
         "Gloo on CPU. Each testbed is calibrated (`hipipe calibrate`), every plan is made on the",
         "calibrated topology and its prediction is its time there. Each size is then tuned on the",
         "same testbed and calibration (`hipipe bench --tune`: hipipe's best few plans and the",
