@@ -5,9 +5,9 @@ testbed, 64-chunk Themis runs of 4 MiB on a 2x4 network spread 27% (max - min ov
 median) within one ``hipipe bench`` row of 7 runs, while hipipe's few-chunk plan of the
 same message spread 8%, and hierarchical's few large ops spread about 1% in the testbed
 benchmark. A fixed count is then either wasted
-on the steady rows or too small for the noisy ones: the median of 3 such Themis runs
-moved by 16% between two bench runs of the same testbed, which alone decides whether a
-prediction looks 10% off. So a measurement repeats until the median's standard error is
+on the steady rows or too small for the noisy ones: that Themis row's median (of 3 runs
+in one bench run, of 7 in another) moved by 18% between two bench runs of the same
+testbed shape, which alone decides whether a prediction looks 10% off. So a measurement repeats until the median's standard error is
 a small fraction of it, between a floor and a cap.
 
 The decision uses only the slowest-rank times, which every rank holds identically
