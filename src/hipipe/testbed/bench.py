@@ -20,12 +20,10 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 
 from hipipe.planners import BASELINES, plan
 from hipipe.predict import predicted_s
-from hipipe.repeats import RepeatRule
 from hipipe.schedule import Schedule
 from hipipe.testbed import netns
 from hipipe.testbed.fit import (
@@ -122,7 +120,8 @@ def calibrate_testbed(
     *,
     sizes_bytes: Sequence[int] | None = None,
     repeats: int = 3,
-    overhead_rule: RepeatRule | None = None,
+    overhead_max_repeats: int = 0,
+    overhead_precision: float = 0.0,
     concurrent_window_s: float = CONCURRENT_WINDOW_S,
     overhead: bool = True,
     workdir: Path,
@@ -130,9 +129,10 @@ def calibrate_testbed(
 ) -> Calibration:
     """Run the calibration on a testbed that is up: per-dimension lines, then the per-op overhead.
 
-    ``overhead_rule`` times the overhead run (default: ``repeats`` runs). The per-op cost is
-    fitted to that run's median, and a 32-chunk run is as noisy as a bench row of many
-    ops, so :func:`_calibrate` gives it the bench rows' rule.
+    The overhead run takes ``repeats`` runs, then more until its median is settled
+    (``overhead_precision``), at most ``overhead_max_repeats`` (0: exactly ``repeats``). The
+    per-op cost is fitted to that median, and a 32-chunk run is as noisy as a bench row of
+    many ops, so :func:`_calibrate` gives it the bench rows' cap and precision.
     """
     if sizes_bytes is None:
         sizes_bytes = calibration_sizes_bytes(layout.rates_bits_per_s)
@@ -150,14 +150,13 @@ def calibrate_testbed(
         planned.append(overhead_schedule(fit_all(layout.sizes, event.samples), overhead_bytes))
         return {OVERHEAD_SCHEDULE_KEY: planned[-1].to_json()}
 
-    rule = overhead_rule or RepeatRule.fixed(repeats)
     task = CalibrateTask(
         sizes_bytes=tuple(sizes_bytes),
-        repeats=rule.repeats,
+        repeats=repeats,
         concurrent_window_s=concurrent_window_s,
         overhead_message_bytes=overhead_bytes,
-        overhead_max_repeats=rule.max_repeats,
-        overhead_precision=rule.precision,
+        overhead_max_repeats=overhead_max_repeats,
+        overhead_precision=overhead_precision,
     )
     events = run_job(
         layout,
@@ -191,7 +190,8 @@ def _calibrate(
         layout,
         sizes_bytes=config.calibration_sizes_bytes,
         repeats=config.calibration_repeats,
-        overhead_rule=replace(config.repeat_rule, repeats=config.calibration_repeats),
+        overhead_max_repeats=config.max_repeats,
+        overhead_precision=config.precision,
         concurrent_window_s=config.calibration_concurrent_s,
         overhead=config.calibrate_overhead,
         workdir=workdir,
