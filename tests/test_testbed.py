@@ -257,7 +257,7 @@ def _two_dim_fits() -> list[DimFit]:
         fit_dim(
             k,
             n,
-            [Sample(dim=k, phase="RS", full_bytes=b, time_s=c + b * (n - 1) / n / bw) for b in (1e5, 1e7)],
+            [Sample(dim=k, phase="RS", full_bytes=b, time_s=c + b * (n - 1) / n / bw) for b in (100_000, 10_000_000)],
         )
         for k, (n, c, bw) in enumerate([(2, 0.002, 6e6), (4, 0.001, 24e6)])
     ]
@@ -332,7 +332,7 @@ def test_calibrated_topology_reproduces_the_fitted_lines() -> None:
         fit_dim(
             k,
             n,
-            [Sample(dim=k, phase="RS", full_bytes=b, time_s=c + b * (n - 1) / n / bw) for b in (1e5, 1e7)],
+            [Sample(dim=k, phase="RS", full_bytes=b, time_s=c + b * (n - 1) / n / bw) for b in (100_000, 10_000_000)],
         )
         for k, (n, c, bw) in enumerate([(2, 0.002, 6e6), (4, 0.001, 24e6)])
     ]

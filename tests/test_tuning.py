@@ -5,19 +5,25 @@ recorded measurements, never against wall time."""
 import functools
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
+from rich.console import Console
 
 from hipipe.cli import main
 from hipipe.planners import BASELINES, plan
+from hipipe.repeats import median_relative_error
+from hipipe.report.tune import tuning_table
 from hipipe.schedule import Collective, Schedule
 from hipipe.testbed import netns
-from hipipe.testbed.layout import nominal_topology
+from hipipe.testbed.layout import TestbedError, nominal_topology
 from hipipe.topology_io import load_topology, topology_to_yaml
 from hipipe.tuning import (
     Measurement,
@@ -32,6 +38,7 @@ from hipipe.tuning import (
     write_entry,
 )
 from hipipe.tuning.candidates import best_chunk_counts, tuned_entry
+from hipipe.tuning.testbed import TuneConfig
 from testbed_host import root_skip_reason, unused_prefix
 
 SPEC = "switch:2:5MB/s:1ms,switch:2:15MB/s:1ms"
@@ -137,6 +144,49 @@ def test_cli_refuses_a_corrupt_or_missing_cache_in_one_line(
     assert "is unreadable" in lines[0] and "is unreadable" in lines[1] and "not found" in lines[2]
 
 
+@pytest.mark.parametrize(
+    ("flags", "rule", "message"),
+    [
+        (
+            ["--repeats", "3", "--max-repeats", "2"],
+            {"repeats": 3, "max_repeats": 2},
+            "--max-repeats 2 is below --repeats 3",
+        ),
+        (["--repeats", "0"], {"repeats": 0}, "--repeats must be at least 1, got 0"),
+        (
+            ["--precision", "1.5"],
+            {"precision": 1.5},
+            "--precision is a fraction of the median in \\[0, 1\\), got 1.5",
+        ),
+    ],
+)
+def test_tune_refuses_a_bad_repeat_rule_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], rule: dict[str, Any], message: str
+) -> None:
+    cache = tmp_path / "tuned.json"
+    assert main(["tune", SPEC, "--size", "1MiB", "--cache", str(cache), *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and re.fullmatch(f"hipipe: error: {message}", err), err
+    assert not cache.exists(), "nothing was measured, nothing written"
+    with pytest.raises(TestbedError, match=message):
+        TuneConfig(sizes=(2, 2), rates_bits_per_s=(40e6, 120e6), message_bytes=MIB, **rule)
+
+
+def test_the_tuning_table_counts_each_candidates_runs() -> None:
+    entry = replace(
+        _entry(),
+        measurements=(
+            replace(_entry().measurements[0], times_s=(0.2, 0.4, 0.3, 0.35, 0.25)),
+            _entry().measurements[1],
+        ),
+    )
+    console = Console(width=200, record=True)
+    console.print(tuning_table(entry))
+    rows = {line.split("│")[1].strip(): line for line in console.export_text().splitlines() if "│" in line}
+    runs = {name: line.split("│")[5].strip() for name, line in rows.items() if name in ("themis", "ring")}
+    assert runs == {"themis": "5", "ring": "3"}
+
+
 def test_bench_needs_an_entry_for_every_size(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cache = tmp_path / "tuned.json"
     topology = nominal_topology((2, 2), (40e6, 120e6))
@@ -238,7 +288,8 @@ def test_hipipe_tune_on_a_tiny_testbed_keeps_the_measured_fastest(
     )
     cache, output = tmp_path / "tuned.json", tmp_path / "kept.json"
     argv = ["tune", "--testbed", "2x2", "--rates", "40,120Mbit", "--size", "256KiB", "--no-calibrate"]
-    argv += ["--warmup", "1", "--repeats", "2", "--best-few", "2", "--cache", str(cache), "-o", str(output)]
+    argv += ["--warmup", "1", "--repeats", "2", "--max-repeats", "2", "--best-few", "2"]
+    argv += ["--cache", str(cache), "-o", str(output)]
     try:
         assert main(argv) == 0, capsys.readouterr().err
     finally:
@@ -255,6 +306,7 @@ def test_hipipe_tune_on_a_tiny_testbed_keeps_the_measured_fastest(
     candidates = tuning_candidates(topology, 256 * 1024, best_few=2)
     assert [m.name for m in entry.measurements] == [c.name for c in candidates]
     assert set(BASELINES) <= {m.name for m in entry.measurements}
+    # --max-repeats equal to --repeats: a fixed count, whatever the spread
     assert all(len(m.times_s) == 2 and min(m.times_s) > 0 for m in entry.measurements)
     # The selection, checked on the recorded measurements: the smallest median, the earliest on a tie.
     best = min(m.median_s for m in entry.measurements)
@@ -296,7 +348,8 @@ def test_hipipe_tune_under_torchrun_writes_the_measured_fastest(tmp_path: Path, 
         pytest.skip("torchrun or the hipipe script is not installed next to this Python")
     spec = "ring:2:1GB/s:1us,ring:2:1GB/s:1us"
     command = [torchrun, "--standalone", "--nproc-per-node", "4", "--no-python", hipipe, "tune", spec]
-    command += ["--size", "64KiB", "--repeats", "2", "--best-few", "2", "--timeout", "30"]
+    command += ["--size", "64KiB", "--repeats", "2", "--max-repeats", "5", "--precision", "0.02"]
+    command += ["--best-few", "2", "--timeout", "30"]
     command += ["--cache", "tuned.json", "-o", "kept.json", "--collective", collective]
     env = {
         k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -326,6 +379,14 @@ def test_hipipe_tune_under_torchrun_writes_the_measured_fastest(tmp_path: Path, 
     ]
     assert entry.schedule.collective.value == collective
     assert entry.chosen == select_fastest(entry.measurements).name
+    # Each candidate repeated until its median settled (2% standard error), 2 to 5 runs: one
+    # that stopped early was settled then, and not one run before.
+    for m in entry.measurements:
+        assert 2 <= len(m.times_s) <= 5, (m.name, m.times_s)
+        if len(m.times_s) < 5:
+            assert median_relative_error(m.times_s) <= 0.02, (m.name, m.times_s)
+        if len(m.times_s) > 2:
+            assert median_relative_error(m.times_s[:-1]) > 0.02, (m.name, m.times_s)
     assert Schedule.from_json((tmp_path / "kept.json").read_text()) == entry.schedule
 
 

@@ -20,6 +20,14 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+DEFAULT_MAX_REPEATS = 12
+"""Cap on one measurement's timed runs (a bench row, a tuning candidate): a 64-chunk
+schedule spreading 27% reaches a ~3% standard error of its median by then; steady ones
+stop at the floor."""
+
+DEFAULT_PRECISION = 0.02
+"""Relative standard error of a median at which a measurement stops."""
+
 Z_95 = 1.96
 """Two-sided 95% normal quantile: it places the order statistics of the interval below."""
 
@@ -92,3 +100,15 @@ class RepeatRule:
             f"{self.repeats} to {self.max_repeats} timed repeats (until the median's standard error"
             f" is within {100 * self.precision:g}%)"
         )
+
+
+def repeat_problem(repeats: int, max_repeats: int, precision: float) -> str | None:
+    """What is wrong with these ``--repeats``, ``--max-repeats`` and ``--precision``, in the
+    flags' own words (one line); None when they make a :class:`RepeatRule`."""
+    if repeats < 1:
+        return f"--repeats must be at least 1, got {repeats}"
+    if max_repeats < repeats:
+        return f"--max-repeats {max_repeats} is below --repeats {repeats}"
+    if not 0 <= precision < 1:
+        return f"--precision is a fraction of the median in [0, 1), got {precision}"
+    return None

@@ -19,7 +19,14 @@ from pathlib import Path
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from hipipe.cli import bench_training
-from hipipe.cli.common import add_collective_argument, check_output_path, stderr_console, stdout_console
+from hipipe.cli.common import (
+    add_collective_argument,
+    add_repeat_arguments,
+    check_output_path,
+    max_repeats_from_args,
+    stderr_console,
+    stdout_console,
+)
 from hipipe.files import atomic_write_text
 from hipipe.planners import PLANNERS
 from hipipe.report.bench import (
@@ -32,7 +39,7 @@ from hipipe.report.bench import (
 from hipipe.schedule import Collective, Schedule
 from hipipe.testbed.bench import run_bench
 from hipipe.testbed.layout import TestbedError, nominal_topology, parse_rates_bits_per_s, parse_shape
-from hipipe.testbed.results import DEFAULT_MAX_REPEATS, DEFAULT_PLANNERS, DEFAULT_PRECISION, BenchConfig
+from hipipe.testbed.results import DEFAULT_PLANNERS, BenchConfig
 from hipipe.testbed.shaping import require_host
 from hipipe.tuning.cache import TuningError, load_tuned
 from hipipe.tuning.candidates import DEFAULT_BEST_FEW
@@ -58,22 +65,7 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
         "--no-torch", action="store_true", help="skip the torch.distributed.all_reduce reference"
     )
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs per row (default: %(default)s)")
-    parser.add_argument(
-        "--repeats", type=int, default=3, help="timed runs per row, at least (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--max-repeats",
-        type=int,
-        default=None,
-        help=f"timed runs per row, at most: a row repeats until its median is settled"
-        f" (default: {DEFAULT_MAX_REPEATS}; --max-repeats equal to --repeats: a fixed count)",
-    )
-    parser.add_argument(
-        "--precision",
-        type=float,
-        default=DEFAULT_PRECISION,
-        help="stop a row once its median's relative standard error is within this (default: %(default)s)",
-    )
+    add_repeat_arguments(parser, what="row")
     parser.add_argument(
         "--no-calibrate", action="store_true", help="predict with the nominal rates instead of calibrating"
     )
@@ -181,9 +173,7 @@ def run(args: argparse.Namespace) -> int:
         include_torch=not args.no_torch,
         warmup=args.warmup,
         repeats=args.repeats,
-        max_repeats=args.max_repeats
-        if args.max_repeats is not None
-        else max(args.repeats, DEFAULT_MAX_REPEATS),
+        max_repeats=max_repeats_from_args(args),
         precision=args.precision,
         calibrate=not args.no_calibrate,
         rate_check_s=args.rate_check_s,

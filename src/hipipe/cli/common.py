@@ -8,6 +8,7 @@ from rich.console import Console
 
 from hipipe.errors import HipipeError
 from hipipe.presets import DEFAULT_PRESET
+from hipipe.repeats import DEFAULT_MAX_REPEATS, DEFAULT_PRECISION
 from hipipe.schedule import Collective
 from hipipe.topology import Topology
 from hipipe.topology_io import load_topology
@@ -37,6 +38,32 @@ def add_collective_argument(parser: argparse.ArgumentParser) -> None:
         metavar=names,
         help="what to plan; message sizes are the full per-rank buffer (default: %(default)s)",
     )
+
+
+def add_repeat_arguments(parser: argparse.ArgumentParser, *, what: str) -> None:
+    """``--repeats``, ``--max-repeats``, ``--precision``: the timed runs of each ``what`` (a
+    bench row, a tuning candidate) repeat until its median is settled (:mod:`hipipe.repeats`)."""
+    parser.add_argument(
+        "--repeats", type=int, default=3, help=f"timed runs per {what}, at least (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--max-repeats",
+        type=int,
+        default=None,
+        help=f"timed runs per {what}, at most: it repeats until its median is settled"
+        f" (default: {DEFAULT_MAX_REPEATS}; equal to --repeats: a fixed count)",
+    )
+    parser.add_argument(
+        "--precision",
+        type=float,
+        default=DEFAULT_PRECISION,
+        help=f"stop a {what} once its median's relative standard error is within this (default: %(default)s)",
+    )
+
+
+def max_repeats_from_args(args: argparse.Namespace) -> int:
+    """``--max-repeats``, or the default cap (never below ``--repeats``)."""
+    return int(args.max_repeats) if args.max_repeats is not None else max(args.repeats, DEFAULT_MAX_REPEATS)
 
 
 def collective_from_args(args: argparse.Namespace) -> Collective:

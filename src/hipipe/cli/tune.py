@@ -13,9 +13,17 @@ import sys
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from hipipe.cli.common import TOPOLOGY_HELP, check_output_path, stderr_console, stdout_console
+from hipipe.cli.common import (
+    TOPOLOGY_HELP,
+    add_repeat_arguments,
+    check_output_path,
+    max_repeats_from_args,
+    stderr_console,
+    stdout_console,
+)
 from hipipe.errors import HipipeError
 from hipipe.files import atomic_write_text
+from hipipe.repeats import RepeatRule, repeat_problem
 from hipipe.report.tune import tuning_table
 from hipipe.schedule import Collective
 from hipipe.tuning.cache import TunedEntry, read_cache, write_entry
@@ -46,7 +54,7 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
     )
     parser.add_argument("-o", "--output", default=None, help="also write the kept schedule JSON here")
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs per candidate (default: 1)")
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs per candidate (default: 3)")
+    add_repeat_arguments(parser, what="candidate")
     parser.add_argument(
         "--best-few",
         type=int,
@@ -71,14 +79,19 @@ def run(args: argparse.Namespace) -> int:
     read_cache(cache)  # a corrupt cache fails now, not after minutes of measuring
     collective = Collective.parse(args.collective)
     message_bytes = parse_size_bytes(args.size)
-    if args.repeats < 1 or args.warmup < 0 or args.best_few < 1:
-        raise HipipeError("need --repeats >= 1, --warmup >= 0 and --best-few >= 1")
+    if args.warmup < 0 or args.best_few < 1:
+        raise HipipeError("need --warmup >= 0 and --best-few >= 1")
+    max_repeats = max_repeats_from_args(args)
+    problem = repeat_problem(args.repeats, max_repeats, args.precision)
+    if problem is not None:
+        raise HipipeError(problem)
+    rule = RepeatRule(repeats=args.repeats, max_repeats=max_repeats, precision=args.precision)
     if importlib.util.find_spec("torch") is None:
         raise HipipeError("hipipe tune needs torch: install hipipe[torch]")
     if args.testbed:
-        entry = _on_testbed(args, collective, message_bytes)
+        entry = _on_testbed(args, collective, message_bytes, rule)
     else:
-        rank, entry = _under_torchrun(args, collective, message_bytes)
+        rank, entry = _under_torchrun(args, collective, message_bytes, rule)
         if rank != 0:
             return 0
     write_entry(cache, entry)
@@ -88,7 +101,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _on_testbed(args: argparse.Namespace, collective: Collective, message_bytes: int) -> TunedEntry:
+def _on_testbed(
+    args: argparse.Namespace, collective: Collective, message_bytes: int, rule: RepeatRule
+) -> TunedEntry:
     import signal
 
     from hipipe.testbed.layout import TestbedError, parse_rates_bits_per_s, parse_shape
@@ -107,7 +122,9 @@ def _on_testbed(args: argparse.Namespace, collective: Collective, message_bytes:
         collective=collective,
         dtype=args.dtype,
         warmup=args.warmup,
-        repeats=args.repeats,
+        repeats=rule.repeats,
+        max_repeats=rule.max_repeats,
+        precision=rule.precision,
         best_few=args.best_few,
         calibrate=not args.no_calibrate,
     )
@@ -126,7 +143,7 @@ def _on_testbed(args: argparse.Namespace, collective: Collective, message_bytes:
 
 
 def _under_torchrun(
-    args: argparse.Namespace, collective: Collective, message_bytes: int
+    args: argparse.Namespace, collective: Collective, message_bytes: int, rule: RepeatRule
 ) -> tuple[int, TunedEntry]:
     from hipipe.topology_io import load_topology
     from hipipe.torch.bench import launched_by_torchrun
@@ -144,7 +161,7 @@ def _under_torchrun(
         collective=collective,
         dtype=args.dtype,
         warmup=args.warmup,
-        repeats=args.repeats,
+        repeats=rule,
         best_few=args.best_few,
         timeout_s=args.timeout,
         backend=args.backend,

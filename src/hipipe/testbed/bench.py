@@ -220,6 +220,8 @@ def _tune(
             collective=config.collective,
             warmup=config.warmup,
             repeats=config.repeats,
+            max_repeats=config.max_repeats,
+            precision=config.precision,
             best_few=config.tune_best_few,
             calibrate=config.calibrate,
         )

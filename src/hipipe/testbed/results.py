@@ -9,7 +9,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from hipipe.cost import busbw_bytes_per_s
-from hipipe.repeats import RepeatRule
+from hipipe.repeats import DEFAULT_MAX_REPEATS, DEFAULT_PRECISION, RepeatRule, repeat_problem
 from hipipe.schedule import Collective, Schedule
 from hipipe.testbed.fit import CONCURRENT_WINDOW_S, Calibration
 from hipipe.testbed.layout import TestbedError
@@ -40,14 +40,6 @@ TUNED_NAME = "hipipe-tuned"
 """Row name of the schedule ``hipipe tune`` kept (:class:`BenchConfig` ``tuned``)."""
 
 DEFAULT_PLANNERS: tuple[str, ...] = ("hipipe", "themis", "pipelined", "hierarchical")
-
-
-DEFAULT_MAX_REPEATS = 12
-"""Cap on a bench row's timed runs: a 64-chunk row spreading 27% reaches a ~3% standard
-error of its median by then; steady rows stop at the floor."""
-
-DEFAULT_PRECISION = 0.02
-"""Relative standard error of a row's median at which it stops (:mod:`hipipe.repeats`)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -88,12 +80,11 @@ class BenchConfig:
     """hipipe plans among the tuning candidates (``hipipe tune --best-few``)."""
 
     def __post_init__(self) -> None:
-        if self.repeats < 1 or self.warmup < 0:
-            raise TestbedError("need repeats >= 1 and warmup >= 0")
-        if self.max_repeats < self.repeats:
-            raise TestbedError(f"--max-repeats {self.max_repeats} is below --repeats {self.repeats}")
-        if not 0 <= self.precision < 1:
-            raise TestbedError(f"--precision is a fraction of the median in [0, 1), got {self.precision}")
+        problem = repeat_problem(self.repeats, self.max_repeats, self.precision)
+        if problem is not None:
+            raise TestbedError(problem)
+        if self.warmup < 0:
+            raise TestbedError(f"--warmup must be at least 0, got {self.warmup}")
         if not self.messages_bytes or any(m % 4 or m <= 0 for m in self.messages_bytes):
             raise TestbedError("message sizes must be positive multiples of 4 bytes (float32 elements)")
         if not self.planners and not self.include_torch and not self.tuned:

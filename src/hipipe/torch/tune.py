@@ -3,7 +3,8 @@
 Every rank runs :func:`tune_in_process`. Rank 0 plans the candidates
 (:func:`hipipe.tuning.candidates.tuning_candidates`) and sends them to the others, so a
 schedule is planned once; every rank then runs each candidate with the executor,
-warm-up then timed repeats, each time the slowest rank's (:mod:`hipipe.torch.timing`),
+warm-up then timed repeats (a count, or until the median is settled: every rank holds the
+same times, so all stop together), each time the slowest rank's (:mod:`hipipe.torch.timing`),
 and checks the result of the warm-ups and the last repeat. The times are maxima over
 ranks, so every rank reaches the same choice; rank 0 writes it.
 """
@@ -16,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from hipipe.errors import HipipeError
+from hipipe.repeats import RepeatRule
 from hipipe.schedule import Collective, schedule_from_dict, schedule_to_dict
 from hipipe.topology import Topology
 from hipipe.torch.bench import DTYPES
@@ -47,24 +49,26 @@ def _measure(
     groups: list[object],
     workload: Workload,
     warmup: int,
-    repeats: int,
+    repeats: int | RepeatRule,
     timeout_s: float,
 ) -> list[float]:
-    """One candidate's timed repeats; warm-ups and the last repeat are checked."""
+    """One candidate's timed repeats (a count, or until the median is settled); warm-ups
+    and the last repeat are checked."""
     executor = HierarchicalCollective(None, candidate.schedule, groups=groups, timeout_s=timeout_s)
-    last = warmup + repeats - 1
 
     def after(index: int, elapsed_s: float) -> None:
-        if index < warmup or index == last:
+        if index < warmup:
             workload.check()
 
-    return timed_runs(
+    times = timed_runs(
         workload.hipipe_run(executor),
         warmup=warmup,
         repeats=repeats,
         before=workload.fill,
         after=after,
     )
+    workload.check()  # the buffer holds the last timed run's result
+    return times
 
 
 def tune_in_process(
@@ -74,7 +78,7 @@ def tune_in_process(
     collective: Collective = Collective.ALL_REDUCE,
     dtype: str = "float32",
     warmup: int = 1,
-    repeats: int = 3,
+    repeats: int | RepeatRule = 3,
     best_few: int = 3,
     timeout_s: float = 60.0,
 ) -> TunedEntry:
@@ -113,7 +117,7 @@ def tune_from_env(
     collective: Collective,
     dtype: str,
     warmup: int,
-    repeats: int,
+    repeats: int | RepeatRule,
     best_few: int,
     timeout_s: float,
     backend: str = "gloo",

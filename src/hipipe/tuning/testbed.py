@@ -2,7 +2,7 @@
 
 Brings a testbed up, calibrates it (so hipipe plans on what the network delivers),
 plans the candidates (:func:`~hipipe.tuning.candidates.tuning_candidates`) once here,
-runs each with warm-up and timed repeats through the same worker job as ``hipipe
+runs each with warm-up and timed repeats (until its median is settled) through the same worker job as ``hipipe
 bench`` (every time the slowest rank's), picks the smallest median and tears the
 testbed down whatever happens. The cache key names the *nominal* testbed topology
 (shape and rates): that is what a later ``hipipe bench --tuned`` or run knows before
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hipipe.planners import BASELINES
+from hipipe.repeats import DEFAULT_MAX_REPEATS, DEFAULT_PRECISION, RepeatRule, repeat_problem
 from hipipe.schedule import Collective
 from hipipe.testbed import netns
 from hipipe.testbed.bench import ProgressFn, calibrate_testbed, run_tasks
@@ -44,6 +45,10 @@ class TuneConfig:
     dtype: str = "float32"
     warmup: int = 1
     repeats: int = 3
+    """Timed runs per candidate, at least; then more until the median is settled
+    (:class:`~hipipe.repeats.RepeatRule`)."""
+    max_repeats: int = DEFAULT_MAX_REPEATS
+    precision: float = DEFAULT_PRECISION
     best_few: int = DEFAULT_BEST_FEW
     calibrate: bool = True
     calibration_sizes_bytes: tuple[int, ...] | None = None
@@ -52,12 +57,19 @@ class TuneConfig:
     """Seconds of rate check per dimension first; 0 skips it."""
 
     def __post_init__(self) -> None:
-        if self.repeats < 1 or self.warmup < 0:
-            raise TestbedError("need repeats >= 1 and warmup >= 0")
+        problem = repeat_problem(self.repeats, self.max_repeats, self.precision)
+        if problem is not None:
+            raise TestbedError(problem)
+        if self.warmup < 0:
+            raise TestbedError(f"--warmup must be at least 0, got {self.warmup}")
         if self.dtype not in DTYPE_BYTES:
             raise TestbedError(f"unknown dtype {self.dtype!r} (use {', '.join(DTYPE_BYTES)})")
         if self.message_bytes <= 0 or self.message_bytes % DTYPE_BYTES[self.dtype]:
             raise TestbedError(f"{self.message_bytes} bytes is not a whole number of {self.dtype} elements")
+
+    @property
+    def rule(self) -> RepeatRule:
+        return RepeatRule(repeats=self.repeats, max_repeats=self.max_repeats, precision=self.precision)
 
     @property
     def topology(self) -> Topology:
@@ -158,6 +170,8 @@ def tune_on_layout(
                 schedule=c.schedule,
                 warmup=config.warmup,
                 repeats=config.repeats,
+                max_repeats=config.max_repeats,
+                precision=config.precision,
                 dtype=config.dtype,
                 collective=config.collective,
             )
