@@ -44,6 +44,7 @@ from typing import Any
 from rich.console import Console
 
 from hipipe.files import atomic_write_bytes, atomic_write_text
+from hipipe.repeats import DEFAULT_JOBS
 from hipipe.report.bench import (
     cell_lines,
     fidelity_summary_markdown,
@@ -122,6 +123,7 @@ def write_report(
     machine = stem.split("-")[1]
     met = sum(g["met"] is True for g in all_goals)
     checked = sum(g["met"] is not None for g in all_goals)
+    jobs = results[0][1].config.jobs if results else 1
     lines = [
         f"# Testbed fidelity benchmark ({machine}, {datetime.date.today().isoformat()})",
         "",
@@ -131,9 +133,12 @@ def write_report(
         "calibrated topology and its prediction is its time there. Each size is then tuned on the",
         "same testbed and calibration (`hipipe bench --tune`: hipipe's best few plans and the",
         "baselines, the smallest median kept) and the kept schedule measured again as `hipipe-tuned`.",
-        "Times are the slowest rank's, median of the timed repeats after one warm-up (a row repeats",
-        "until its median's standard error is within 2%, between the floor and the cap below; `runs`",
-        "counts them); `spread` is `(max - min) / median` of a row's timed repeats;",
+        "Times are the slowest rank's, median of the timed repeats after one warm-up. Every row, tuning",
+        f"candidate and calibration overhead run is spread over {jobs} worker jobs (the ranks started afresh",
+        "for each: a many-op schedule's median moves 10-30% from job to job on this host), each job",
+        "repeating the row until its median's standard error is within 2%, between its share of the",
+        "floor and the cap below; `runs` counts every job's runs; `spread` is `(max - min) / median`",
+        "of a row's timed repeats;",
         "`busbw = M/t * 2(N-1)/N`. Reductions are",
         "`1 - t/t_ref`; for themis the simulated one (from the predictions) is shown beside.",
         f"Pairs: the {len(FIDELITY_PLANNERS)} planners {', '.join(FIDELITY_PLANNERS)}, each pair's measured",
@@ -177,6 +182,9 @@ def main() -> int:
         default=DEFAULT_MAX_REPEATS,
         help="cap on a row's timed repeats while its median is unsettled (hipipe bench --max-repeats)",
     )
+    parser.add_argument(
+        "--jobs", type=int, default=DEFAULT_JOBS, help="worker jobs each row's runs are spread over"
+    )
     parser.add_argument("--out", type=Path, default=None, help="write the markdown report and PNG here")
     args = parser.parse_args()
     # `kill` must still tear the testbed down (run_bench's finally): make SIGTERM an exception.
@@ -205,6 +213,7 @@ def main() -> int:
             include_torch=(shape, rates) == TORCH_SHAPE,
             repeats=args.repeats,
             max_repeats=max(args.repeats, args.max_repeats),
+            jobs=args.jobs,
             tune=True,
         )
         console.print(f"[bold]{label}[/bold]: {', '.join(format_size(m) for m in messages)}")

@@ -255,7 +255,7 @@ def test_reports_show_spread_pairs_tuning_and_goals() -> None:
     )
 
 
-def test_tune_on_layout_runs_every_size_in_one_job_and_keeps_each_fastest(
+def test_tune_on_layout_runs_every_size_in_the_same_jobs_and_keeps_each_fastest(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import hipipe.tuning.testbed as tuning_testbed
@@ -263,7 +263,7 @@ def test_tune_on_layout_runs_every_size_in_one_job_and_keeps_each_fastest(
 
     layout = Layout(prefix="hp0000", sizes=SIZES, rates_bits_per_s=RATES)
     topology = layout.nominal_topology()
-    jobs: list[list[str]] = []
+    calls: list[tuple[list[str], int]] = []
 
     def fake_run_tasks(
         layout: Layout,
@@ -272,8 +272,9 @@ def test_tune_on_layout_runs_every_size_in_one_job_and_keeps_each_fastest(
         *,
         workdir: Path,
         progress: object = None,
+        jobs: int = 1,
     ) -> list[RunResult]:
-        jobs.append([t.key.describe() for t in tasks])
+        calls.append(([t.key.describe() for t in tasks], jobs))
         # pipelined is the measured fastest at 1 MiB, hipipe's own plan at 2 MiB.
         fast = {MIB: "pipelined", 2 * MIB: "hipipe"}
         return [
@@ -286,10 +287,11 @@ def test_tune_on_layout_runs_every_size_in_one_job_and_keeps_each_fastest(
         TuneConfig(sizes=SIZES, rates_bits_per_s=RATES, message_bytes=m, best_few=2) for m in (MIB, 2 * MIB)
     ]
     out = tune_on_layout(
-        layout, topology, configs, baselines=[THEMIS, "pipelined"], workdir=Path("/nonexistent")
+        layout, topology, configs, baselines=[THEMIS, "pipelined"], workdir=Path("/nonexistent"), jobs=3
     )
-    assert len(jobs) == 1
-    names = {d.split(" ")[0] for d in jobs[0]}
+    [(described, jobs)] = calls  # both sizes in the same jobs
+    assert jobs == 3
+    names = {d.split(" ")[0] for d in described}
     assert names >= {"hipipe", THEMIS, "pipelined"} and "ring" not in names and "hierarchical" not in names
     (first, first_candidates), (second, _) = out
     assert first.chosen == "pipelined" and first.key.message_bytes == MIB
@@ -339,6 +341,8 @@ def test_bench_config_repeats_rows_until_their_median_settles() -> None:
         BenchConfig(sizes=SIZES, rates_bits_per_s=RATES, messages_bytes=(MIB,), max_repeats=2)
     with pytest.raises(TestbedError, match="--precision"):
         BenchConfig(sizes=SIZES, rates_bits_per_s=RATES, messages_bytes=(MIB,), precision=-0.1)
+    with pytest.raises(TestbedError, match="--jobs must be at least 1, got 0"):
+        BenchConfig(sizes=SIZES, rates_bits_per_s=RATES, messages_bytes=(MIB,), jobs=0)
 
 
 def test_cli_bench_json_and_tune_errors_are_one_line(
@@ -392,6 +396,7 @@ def test_bench_tune_json_on_a_tiny_testbed(
         "hipipe,themis",
     ]
     argv += ["--no-torch", "--no-calibrate", "--rate-check-s", "0", "--repeats", "1", "--best-few", "2"]
+    argv += ["--jobs", "1"]
     try:
         assert main([*argv, "--tune", "--json", "-"]) == 0, capsys.readouterr().err
     finally:
@@ -411,6 +416,65 @@ def test_bench_tune_json_on_a_tiny_testbed(
     assert cell["pairs"]["of"] == 1 and len(cell["goals"]) == 4
     assert math.isfinite(cell["planners"][TUNED_NAME]["measured_over_predicted"])
     assert not (tmp_path / "bench.png").exists()
+
+
+def test_run_tasks_spreads_each_tasks_runs_over_the_jobs_in_a_rotated_order(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import hipipe.testbed.bench as bench
+
+    layout = Layout(prefix="hp0000", sizes=SIZES, rates_bits_per_s=RATES)
+    topology = layout.nominal_topology()
+    tasks = [
+        ScheduleTask(
+            key=RunKey(planner=name, message_bytes=MIB),
+            schedule=plan(topology, MIB, name),
+            warmup=1,
+            repeats=3,
+            max_repeats=12,
+            precision=0.02,
+            trace=True,
+        )
+        for name in ("hipipe", THEMIS, "pipelined", "hierarchical")
+    ]
+    seen: list[tuple[Path, list[ScheduleTask]]] = []
+
+    def fake_run_job(
+        layout: Layout, tasks: Sequence[ScheduleTask], *, workdir: Path, on_event: object = None, **_: float
+    ) -> list[RunResult]:
+        seen.append((workdir, list(tasks)))
+        job = len(seen)
+        return [
+            RunResult(
+                key=t.key,
+                times_s=tuple(job + i / 10 for i in range(t.rule.repeats)),
+                op_times_s=((0.0, float(job)),) if t.trace else None,
+            )
+            for t in tasks
+        ]
+
+    monkeypatch.setattr(bench, "run_job", fake_run_job)
+    results = bench.run_tasks(layout, tasks, {t.key: 1.0 for t in tasks}, workdir=tmp_path, jobs=3)
+    assert [workdir.name for workdir, _ in seen] == ["job0", "job1", "job2"]
+    # every job runs every task, each with its share of the rule (2 to 4 of 3 to 12 runs) ...
+    for _, ran in seen:
+        assert sorted(t.key.planner for t in ran) == sorted(t.key.planner for t in tasks)
+        assert all((t.repeats, t.max_repeats, t.precision) == (2, 4, 0.02) for t in ran)
+    # ... starting at another task each time; only the last job traces
+    assert [ran[0].key.planner for _, ran in seen] == ["hipipe", THEMIS, "pipelined"]
+    assert [t.key.planner for t in seen[1][1]] == [THEMIS, "pipelined", "hierarchical", "hipipe"]
+    assert [[t.trace for t in ran] for _, ran in seen] == [[False] * 4, [False] * 4, [True] * 4]
+    # results in the tasks' order, every job's times in job order, the last job's trace
+    assert [r.key for r in results] == [t.key for t in tasks]
+    assert all(r.times_s == (1.0, 1.1, 2.0, 2.1, 3.0, 3.1) for r in results)
+    assert all(r.op_times_s == ((0.0, 3.0),) for r in results)
+    # one job: the tasks as given
+    seen.clear()
+    [single] = bench.run_tasks(layout, tasks[:1], {tasks[0].key: 1.0}, workdir=tmp_path, jobs=1)
+    assert [(workdir, ran) for workdir, ran in seen] == [(tmp_path, tasks[:1])]
+    assert single.times_s == (1.0, 1.1, 1.2)
+    with pytest.raises(TestbedError, match="at least one job"):
+        bench.run_tasks(layout, tasks, {t.key: 1.0 for t in tasks}, workdir=tmp_path, jobs=0)
 
 
 def test_a_cached_tuned_schedule_is_named_in_the_report() -> None:

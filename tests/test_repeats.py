@@ -74,3 +74,17 @@ def test_timed_runs_keeps_timing_until_the_rule_is_met(monkeypatch: pytest.Monke
     assert [i for i, _ in seen] == list(range(len(times) + 1))
     values = iter([1.0, 2.0, 3.0, 4.0])
     assert timing.timed_runs(lambda: None, warmup=0, repeats=3) == [1.0, 2.0, 3.0]
+
+
+def test_a_rule_splits_between_jobs_without_losing_its_floor_or_cap() -> None:
+    adaptive = RepeatRule(repeats=3, max_repeats=12, precision=0.02)
+    # 3 jobs: 2 to 4 runs each (a job that stops on precision needs two runs), 6 to 12 in all
+    assert adaptive.per_job(3) == RepeatRule(repeats=2, max_repeats=4, precision=0.02)
+    assert adaptive.per_job(2) == RepeatRule(repeats=2, max_repeats=6, precision=0.02)
+    assert adaptive.per_job(1) is adaptive
+    # a fixed count stays fixed: at least one run per job, rounded up
+    assert RepeatRule.fixed(3).per_job(3) == RepeatRule.fixed(1)
+    assert RepeatRule.fixed(4).per_job(3) == RepeatRule.fixed(2)
+    assert RepeatRule.fixed(1).per_job(2) == RepeatRule.fixed(1)
+    with pytest.raises(ValueError, match="at least one job"):
+        adaptive.per_job(0)

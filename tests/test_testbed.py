@@ -257,7 +257,10 @@ def _two_dim_fits() -> list[DimFit]:
         fit_dim(
             k,
             n,
-            [Sample(dim=k, phase="RS", full_bytes=b, time_s=c + b * (n - 1) / n / bw) for b in (100_000, 10_000_000)],
+            [
+                Sample(dim=k, phase="RS", full_bytes=b, time_s=c + b * (n - 1) / n / bw)
+                for b in (100_000, 10_000_000)
+            ],
         )
         for k, (n, c, bw) in enumerate([(2, 0.002, 6e6), (4, 0.001, 24e6)])
     ]
@@ -332,7 +335,10 @@ def test_calibrated_topology_reproduces_the_fitted_lines() -> None:
         fit_dim(
             k,
             n,
-            [Sample(dim=k, phase="RS", full_bytes=b, time_s=c + b * (n - 1) / n / bw) for b in (100_000, 10_000_000)],
+            [
+                Sample(dim=k, phase="RS", full_bytes=b, time_s=c + b * (n - 1) / n / bw)
+                for b in (100_000, 10_000_000)
+            ],
         )
         for k, (n, c, bw) in enumerate([(2, 0.002, 6e6), (4, 0.001, 24e6)])
     ]
@@ -428,6 +434,7 @@ def test_testbed_rates_and_one_small_benchmark(tmp_path: Path) -> None:
             warmup=1,
             repeats=1,
             max_repeats=1,
+            jobs=2,
             calibration_sizes_bytes=(64 * 1024, 512 * 1024),
             calibration_repeats=1,
             rate_check_s=0.5,
@@ -435,6 +442,10 @@ def test_testbed_rates_and_one_small_benchmark(tmp_path: Path) -> None:
         result = run_bench(config, workdir=tmp_path / "bench", state_dir=state_dir, prefix=prefix)
         assert {r.name for r in result.rows} == {"hipipe", THEMIS, TORCH_NAME}
         assert all(r.median_s > 0 and r.predicted_s > 0 for r in result.rows)
+        # two worker jobs, one run each: every row and the calibration's overhead run has two
+        assert all(len(r.times_s) == 2 for r in result.rows)
+        assert result.calibration is not None and len(result.calibration.overhead_times_s) == 2
+        assert sorted(p.name for p in (tmp_path / "bench" / "bench").iterdir()) == ["job0", "job1"]
         assert len(result.gantt_panels) == 2
     finally:
         netns.down(prefix, state_dir=state_dir)
@@ -463,6 +474,7 @@ def test_bench_measures_reduce_scatter_and_all_gather_against_torch(
         planners=("hipipe",),
         repeats=2,
         max_repeats=2,
+        jobs=1,
         calibrate=False,
         rate_check_s=0.0,
     )

@@ -172,6 +172,20 @@ def test_tune_refuses_a_bad_repeat_rule_in_one_line(
         TuneConfig(sizes=(2, 2), rates_bits_per_s=(40e6, 120e6), message_bytes=MIB, **rule)
 
 
+def test_jobs_are_a_testbed_setting_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("torch", reason="tune checks for torch first")
+    cache = tmp_path / "tuned.json"
+    assert main(["tune", SPEC, "--size", "1MiB", "--cache", str(cache), "--jobs", "2"]) == 2
+    bench = ["bench", "--testbed", "2x2", "--rates", "40,120Mbit", "--size", "1MiB", "--jobs", "0"]
+    assert main([*bench, "-o", str(tmp_path / "b")]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert lines == [
+        "hipipe: error: --jobs is for the testbed: under torchrun the job is the one torchrun started",
+        "hipipe: error: --jobs must be at least 1, got 0",
+    ]
+    assert not cache.exists() and not list(tmp_path.iterdir())
+
+
 def test_the_tuning_table_counts_each_candidates_runs() -> None:
     entry = replace(
         _entry(),
@@ -288,7 +302,7 @@ def test_hipipe_tune_on_a_tiny_testbed_keeps_the_measured_fastest(
     )
     cache, output = tmp_path / "tuned.json", tmp_path / "kept.json"
     argv = ["tune", "--testbed", "2x2", "--rates", "40,120Mbit", "--size", "256KiB", "--no-calibrate"]
-    argv += ["--warmup", "1", "--repeats", "2", "--max-repeats", "2", "--best-few", "2"]
+    argv += ["--warmup", "1", "--repeats", "2", "--max-repeats", "2", "--jobs", "2", "--best-few", "2"]
     argv += ["--cache", str(cache), "-o", str(output)]
     try:
         assert main(argv) == 0, capsys.readouterr().err
@@ -306,7 +320,7 @@ def test_hipipe_tune_on_a_tiny_testbed_keeps_the_measured_fastest(
     candidates = tuning_candidates(topology, 256 * 1024, best_few=2)
     assert [m.name for m in entry.measurements] == [c.name for c in candidates]
     assert set(BASELINES) <= {m.name for m in entry.measurements}
-    # --max-repeats equal to --repeats: a fixed count, whatever the spread
+    # --max-repeats equal to --repeats: a fixed count whatever the spread, one run in each of 2 jobs
     assert all(len(m.times_s) == 2 and min(m.times_s) > 0 for m in entry.measurements)
     # The selection, checked on the recorded measurements: the smallest median, the earliest on a tie.
     best = min(m.median_s for m in entry.measurements)
@@ -326,7 +340,8 @@ def test_hipipe_tune_on_a_tiny_testbed_keeps_the_measured_fastest(
         ),
     )
     argv = ["bench", "--testbed", "2x2", "--rates", "40,120Mbit", "--size", "256KiB", "--planners", "themis"]
-    argv += ["--no-torch", "--no-calibrate", "--rate-check-s", "0", "--repeats", "1", "--tuned", str(cache)]
+    argv += ["--no-torch", "--no-calibrate", "--rate-check-s", "0", "--repeats", "1", "--jobs", "1"]
+    argv += ["--tuned", str(cache)]
     try:
         assert main([*argv, "-o", str(tmp_path / "bench")]) == 0, capsys.readouterr().err
     finally:

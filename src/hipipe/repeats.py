@@ -28,6 +28,14 @@ stop at the floor."""
 DEFAULT_PRECISION = 0.02
 """Relative standard error of a median at which a measurement stops."""
 
+DEFAULT_JOBS = 3
+"""Worker jobs a testbed measurement's runs are spread over (the ranks start afresh for
+each). On the 2-core testbed a many-op schedule's median moves 10-30% from one job to
+the next while the runs inside a job agree within a few percent: in one testbed
+benchmark run, the same Themis schedules measured 0.89-1.32x in the rows' job what they
+had in the tuning job just before (hierarchical's few large ops: 0.998-1.008x). No
+number of runs in one job averages that out; runs from several jobs do."""
+
 Z_95 = 1.96
 """Two-sided 95% normal quantile: it places the order statistics of the interval below."""
 
@@ -93,6 +101,19 @@ class RepeatRule:
             return True
         return median_relative_error(times_s) <= self.precision
 
+    def per_job(self, jobs: int) -> "RepeatRule":
+        """This rule's share in each of ``jobs`` worker jobs that take one measurement
+        together (:data:`DEFAULT_JOBS`): the floor and the cap split between them, rounded
+        up, and the same precision. A job of a rule that stops on precision takes at least
+        two runs (one run has no spread to judge); a fixed count takes at least one."""
+        if jobs < 1:
+            raise ValueError(f"need at least one job, got {jobs}")
+        if jobs == 1:
+            return self
+        floor = max(math.ceil(self.repeats / jobs), 2 if self.max_repeats > self.repeats else 1)
+        cap = max(floor, math.ceil(self.max_repeats / jobs))
+        return RepeatRule(repeats=floor, max_repeats=cap, precision=self.precision)
+
     def describe(self) -> str:
         if self.max_repeats == self.repeats:
             return f"{self.repeats} timed repeats"
@@ -112,3 +133,8 @@ def repeat_problem(repeats: int, max_repeats: int, precision: float) -> str | No
     if not 0 <= precision < 1:
         return f"--precision is a fraction of the median in [0, 1), got {precision}"
     return None
+
+
+def jobs_problem(jobs: int) -> str | None:
+    """What is wrong with ``--jobs`` (one line); None when it is at least 1."""
+    return None if jobs >= 1 else f"--jobs must be at least 1, got {jobs}"

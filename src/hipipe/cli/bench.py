@@ -21,6 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from hipipe.cli import bench_training
 from hipipe.cli.common import (
     add_collective_argument,
+    add_jobs_argument,
     add_repeat_arguments,
     check_output_path,
     max_repeats_from_args,
@@ -29,6 +30,7 @@ from hipipe.cli.common import (
 )
 from hipipe.files import atomic_write_text
 from hipipe.planners import PLANNERS
+from hipipe.repeats import DEFAULT_JOBS
 from hipipe.report.bench import (
     cell_lines,
     describe_calibration,
@@ -66,6 +68,7 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
     )
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs per row (default: %(default)s)")
     add_repeat_arguments(parser, what="row")
+    add_jobs_argument(parser, what="each row (and the calibration's overhead run)")
     parser.add_argument(
         "--no-calibrate", action="store_true", help="predict with the nominal rates instead of calibrating"
     )
@@ -175,6 +178,7 @@ def run(args: argparse.Namespace) -> int:
         repeats=args.repeats,
         max_repeats=max_repeats_from_args(args),
         precision=args.precision,
+        jobs=args.jobs if args.jobs is not None else DEFAULT_JOBS,
         calibrate=not args.no_calibrate,
         rate_check_s=args.rate_check_s,
         gantt_planner=args.gantt,

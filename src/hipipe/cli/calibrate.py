@@ -12,8 +12,9 @@ import tempfile
 from datetime import timedelta
 from pathlib import Path
 
-from hipipe.cli.common import check_output_path, stdout_console
+from hipipe.cli.common import add_jobs_argument, check_output_path, stdout_console
 from hipipe.files import atomic_write_text
+from hipipe.repeats import DEFAULT_JOBS, DEFAULT_MAX_REPEATS, DEFAULT_PRECISION, jobs_problem
 from hipipe.report.bench import describe_calibration
 from hipipe.testbed.fit import (
     CONCURRENT_WINDOW_S,
@@ -59,6 +60,7 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
         help=f"skip the {OVERHEAD_PLANNER} run that measures the per-op cost, hand-off, jitter and memory"
         " bandwidth (docs/MODEL.md section 10)",
     )
+    add_jobs_argument(parser, what="the overhead run")
     parser.add_argument("-o", "--output", default="calibrated.yaml", help="topology YAML to write")
     parser.set_defaults(func=run)
 
@@ -82,6 +84,11 @@ def run(args: argparse.Namespace) -> int:
     sizes_bytes = parse_sizes_bytes(args.sizes) if args.sizes else None
     if args.repeats < 1:
         raise TestbedError("--repeats must be >= 1")
+    if args.jobs is not None and not args.testbed:
+        raise TestbedError("--jobs is for the testbed: under torchrun the job is the one torchrun started")
+    problem = jobs_problem(args.jobs if args.jobs is not None else DEFAULT_JOBS)
+    if problem is not None:
+        raise TestbedError(problem)
     calibration: Calibration | None
     if args.testbed:
         calibration, source = _on_testbed(args, sizes_bytes)
@@ -117,6 +124,11 @@ def _on_testbed(args: argparse.Namespace, sizes_bytes: list[int] | None) -> tupl
             repeats=args.repeats,
             concurrent_window_s=args.concurrent_s,
             overhead=not args.no_overhead,
+            # the overhead run's median sets the per-op cost: settled and spread over jobs as a
+            # bench row is (hipipe bench calibrates the same way)
+            overhead_max_repeats=max(args.repeats, DEFAULT_MAX_REPEATS),
+            overhead_precision=DEFAULT_PRECISION,
+            overhead_jobs=args.jobs if args.jobs is not None else DEFAULT_JOBS,
             workdir=Path(tempfile.mkdtemp(prefix="hipipe-calibrate-")),
         )
     finally:

@@ -8,7 +8,7 @@ from rich.console import Console
 
 from hipipe.errors import HipipeError
 from hipipe.presets import DEFAULT_PRESET
-from hipipe.repeats import DEFAULT_MAX_REPEATS, DEFAULT_PRECISION
+from hipipe.repeats import DEFAULT_JOBS, DEFAULT_MAX_REPEATS, DEFAULT_PRECISION
 from hipipe.schedule import Collective
 from hipipe.topology import Topology
 from hipipe.topology_io import load_topology
@@ -58,6 +58,17 @@ def add_repeat_arguments(parser: argparse.ArgumentParser, *, what: str) -> None:
         type=float,
         default=DEFAULT_PRECISION,
         help=f"stop a {what} once its median's relative standard error is within this (default: %(default)s)",
+    )
+
+
+def add_jobs_argument(parser: argparse.ArgumentParser, *, what: str) -> None:
+    """``--jobs``: worker jobs a testbed measurement's runs are spread over."""
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        help=f"testbed: worker jobs the runs of {what} are spread over; a many-op schedule's median"
+        f" moves 10-30%% from job to job on a shared host (default: {DEFAULT_JOBS})",
     )
 
 

@@ -15,6 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from hipipe.cli.common import (
     TOPOLOGY_HELP,
+    add_jobs_argument,
     add_repeat_arguments,
     check_output_path,
     max_repeats_from_args,
@@ -23,7 +24,7 @@ from hipipe.cli.common import (
 )
 from hipipe.errors import HipipeError
 from hipipe.files import atomic_write_text
-from hipipe.repeats import RepeatRule, repeat_problem
+from hipipe.repeats import DEFAULT_JOBS, RepeatRule, repeat_problem
 from hipipe.report.tune import tuning_table
 from hipipe.schedule import Collective
 from hipipe.tuning.cache import TunedEntry, read_cache, write_entry
@@ -55,6 +56,7 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
     parser.add_argument("-o", "--output", default=None, help="also write the kept schedule JSON here")
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs per candidate (default: 1)")
     add_repeat_arguments(parser, what="candidate")
+    add_jobs_argument(parser, what="each candidate (and the calibration's overhead run)")
     parser.add_argument(
         "--best-few",
         type=int,
@@ -125,6 +127,7 @@ def _on_testbed(
         repeats=rule.repeats,
         max_repeats=rule.max_repeats,
         precision=rule.precision,
+        jobs=args.jobs if args.jobs is not None else DEFAULT_JOBS,
         best_few=args.best_few,
         calibrate=not args.no_calibrate,
     )
@@ -149,6 +152,8 @@ def _under_torchrun(
     from hipipe.torch.bench import launched_by_torchrun
     from hipipe.torch.tune import tune_from_env
 
+    if args.jobs is not None:
+        raise HipipeError("--jobs is for the testbed: under torchrun the job is the one torchrun started")
     if not launched_by_torchrun():
         raise HipipeError(
             "start hipipe tune under torchrun with a TOPOLOGY, or pass --testbed SHAPE --rates R"

@@ -68,6 +68,7 @@ def result_to_dict(result: BenchResult) -> dict[str, Any]:
         "repeats": config.repeats,
         "max_repeats": config.max_repeats,
         "precision": config.precision,
+        "jobs": config.jobs,
         "kernel": result.kernel,
         "rate_check": [
             {
@@ -285,8 +286,9 @@ def render_markdown(result: BenchResult, *, gantt_png: str | None = None) -> str
     lines = [
         f"## {_what(config)}{shape} at " + ", ".join(format_rate(r) for r in config.rates_bits_per_s),
         "",
-        f"- ranks: {math.prod(config.sizes)}; warm-up {config.warmup}, {config.repeat_rule.describe()} per row;"
-        f" kernel: {result.kernel}",
+        f"- ranks: {math.prod(config.sizes)}; warm-up {config.warmup}, {config.repeat_rule.describe()} per row"
+        + (f", spread over {config.jobs} worker jobs" if config.jobs > 1 else "")
+        + f"; kernel: {result.kernel}",
     ]
     if result.rates:
         lines.append(f"- rate check (TCP goodput, all ranks at once): {describe_rates(result)}")

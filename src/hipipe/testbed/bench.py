@@ -20,10 +20,12 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from hipipe.planners import BASELINES, plan
 from hipipe.predict import predicted_s
+from hipipe.repeats import RepeatRule
 from hipipe.schedule import Schedule
 from hipipe.testbed import netns
 from hipipe.testbed.fit import (
@@ -124,6 +126,7 @@ def calibrate_testbed(
     overhead_precision: float = 0.0,
     concurrent_window_s: float = CONCURRENT_WINDOW_S,
     overhead: bool = True,
+    overhead_jobs: int = 1,
     workdir: Path,
     progress: ProgressFn | None = None,
 ) -> Calibration:
@@ -132,8 +135,16 @@ def calibrate_testbed(
     The overhead run takes ``repeats`` runs, then more until its median is settled
     (``overhead_precision``), at most ``overhead_max_repeats`` (0: exactly ``repeats``). The
     per-op cost is fitted to that median, and a 32-chunk run is as noisy as a bench row of
-    many ops, so :func:`_calibrate` gives it the bench rows' cap and precision.
+    many ops, so :func:`_calibrate` gives it the bench rows' cap and precision, and spreads
+    it over as many worker jobs (``overhead_jobs``) as the rows: the calibration's job
+    first, then jobs of the overhead schedule alone. Fitted to one job's median, the
+    per-op cost came out 0.2-3.9 ms across calibrations of one testbed shape.
     """
+    if overhead_jobs < 1:
+        raise TestbedError(f"need at least one overhead job, got {overhead_jobs}")
+    overhead_rule = RepeatRule(
+        repeats=repeats, max_repeats=max(repeats, overhead_max_repeats), precision=overhead_precision
+    ).per_job(overhead_jobs)
     if sizes_bytes is None:
         sizes_bytes = calibration_sizes_bytes(layout.rates_bits_per_s)
     total = layout.num_dims * len(sizes_bytes) * repeats
@@ -155,8 +166,8 @@ def calibrate_testbed(
         repeats=repeats,
         concurrent_window_s=concurrent_window_s,
         overhead_message_bytes=overhead_bytes,
-        overhead_max_repeats=overhead_max_repeats,
-        overhead_precision=overhead_precision,
+        overhead_max_repeats=overhead_rule.max_repeats,
+        overhead_precision=overhead_rule.precision,
     )
     events = run_job(
         layout,
@@ -174,9 +185,23 @@ def calibrate_testbed(
         progress(total, total, "calibration")
     run = None
     if planned and measured is not None:
+        times_s = list(measured.times_s)
+        if overhead_jobs > 1:
+            key = RunKey(planner="overhead", message_bytes=planned[0].message_bytes)
+            rerun = ScheduleTask(
+                key=key,
+                schedule=planned[0],
+                warmup=1,
+                repeats=overhead_rule.repeats,
+                max_repeats=overhead_rule.max_repeats,
+                precision=overhead_rule.precision,
+            )
+            for job in range(1, overhead_jobs):
+                [result] = run_tasks(layout, [rerun], {key: max(times_s)}, workdir=workdir / f"overhead{job}")
+                times_s += result.times_s
         run = OverheadRun(
             schedule=planned[0],
-            times_s=measured.times_s,
+            times_s=tuple(times_s),
             op_times_s=measured.op_times_s,
             memory_bytes_per_s=measured.memory_bytes_per_s,
         )
@@ -194,6 +219,7 @@ def _calibrate(
         overhead_precision=config.precision,
         concurrent_window_s=config.calibration_concurrent_s,
         overhead=config.calibrate_overhead,
+        overhead_jobs=config.jobs,
         workdir=workdir,
         progress=progress,
     )
@@ -228,7 +254,9 @@ def _tune(
         for message_bytes in config.messages_bytes
     ]
     baselines = [name for name in config.planners if name in BASELINES]
-    tuned = tune_on_layout(layout, topology, configs, baselines=baselines, workdir=workdir, progress=progress)
+    tuned = tune_on_layout(
+        layout, topology, configs, baselines=baselines, workdir=workdir, progress=progress, jobs=config.jobs
+    )
     return tuple(entry for entry, _ in tuned)
 
 
@@ -292,7 +320,7 @@ def _run_plans(
                     collective=config.collective,
                 )
             )
-    results = run_tasks(layout, tasks, predicted, workdir=workdir, progress=progress)
+    results = run_tasks(layout, tasks, predicted, workdir=workdir, progress=progress, jobs=config.jobs)
     rows: list[BenchRow] = []
     traces: dict[RunKey, tuple[tuple[float, float], ...]] = {}
     for event in results:
@@ -318,34 +346,89 @@ def run_tasks(
     *,
     workdir: Path,
     progress: ProgressFn | None = None,
+    jobs: int = 1,
 ) -> list[RunResult]:
-    """Run measurement tasks in one job on a testbed that is up; one result per task, in order.
+    """Run measurement tasks on a testbed that is up; one result per task, in order.
+
+    With ``jobs`` > 1 every task runs in each of ``jobs`` worker jobs (the ranks start
+    afresh, with new connections, for each), its timed runs split between them
+    (:meth:`~hipipe.repeats.RepeatRule.per_job`), and its times are those of every job in
+    turn: on a shared host a many-op schedule's median moves by tens of percent from job
+    to job (:data:`~hipipe.repeats.DEFAULT_JOBS`). Each job starts at another task, so
+    no task always runs first (cold) or last. Only the last job traces.
 
     ``predicted_s`` (per task key) only sizes the timeouts: a run may take several times
     its prediction on a loaded host, but a hang must still end.
     """
+    if jobs < 1:
+        raise TestbedError(f"need at least one job, got {jobs}")
+    per_job = [_task_for_job(t, jobs, traced=j == jobs - 1) for j in range(jobs) for t in tasks]
+    total_runs = sum(t.warmup + t.rule.max_repeats for t in per_job)
+    done = 0
+    times: dict[RunKey, list[float]] = {t.key: [] for t in tasks}
+    traces: dict[RunKey, tuple[tuple[float, float], ...]] = {}
+    if progress:
+        progress(0, total_runs, "starting workers")
+    for job in range(jobs):
+        first = job * len(tasks) // jobs  # spread the starts evenly over the tasks
+        order = [per_job[job * len(tasks) + (i + first) % len(tasks)] for i in range(len(tasks))]
+        label = f" (job {job + 1} of {jobs})" if jobs > 1 else ""
+        results, done = _run_one_job(
+            layout,
+            order,
+            predicted_s,
+            workdir=workdir / f"job{job}" if jobs > 1 else workdir,
+            progress=progress,
+            done=done,
+            total_runs=total_runs,
+            label=label,
+        )
+        for result in results:
+            times[result.key] += result.times_s
+            if result.op_times_s is not None:
+                traces[result.key] = result.op_times_s
+    return [RunResult(key=t.key, times_s=tuple(times[t.key]), op_times_s=traces.get(t.key)) for t in tasks]
+
+
+def _task_for_job(task: ScheduleTask | TorchTask, jobs: int, *, traced: bool) -> ScheduleTask | TorchTask:
+    """``task`` with its share of the runs in one of ``jobs`` jobs (traced in one job only)."""
+    rule = task.rule.per_job(jobs)
+    task = replace(task, repeats=rule.repeats, max_repeats=rule.max_repeats)
+    if isinstance(task, ScheduleTask) and task.trace and not traced:
+        task = replace(task, trace=False)
+    return task
+
+
+def _run_one_job(
+    layout: Layout,
+    tasks: Sequence[ScheduleTask | TorchTask],
+    predicted_s: Mapping[RunKey, float],
+    *,
+    workdir: Path,
+    progress: ProgressFn | None,
+    done: int,
+    total_runs: int,
+    label: str,
+) -> tuple[list[RunResult], int]:
+    """One worker job of ``tasks``; its results (in task order) and the runs counted so far."""
     runs_per_task = max((t.warmup + t.rule.max_repeats for t in tasks), default=0)
-    total_runs = sum(t.warmup + t.rule.max_repeats for t in tasks)
     worst_s = max(predicted_s[t.key] for t in tasks)
     timeout_s = 60.0 + 10 * worst_s
     deadline_s = 180.0 + 4 * sum(predicted_s[t.key] for t in tasks) * runs_per_task + 2 * timeout_s
-    done = 0
 
     def on_event(event: Event) -> None:
         nonlocal done
         if isinstance(event, RunDone):
             done += 1
             if progress:
-                progress(done, total_runs, event.key.describe())
+                progress(done, total_runs, event.key.describe() + label)
         elif isinstance(event, RunResult):
             # a row whose median settled before its cap: count the runs it did not need
             task = next(t for t in tasks if t.key == event.key)
             done += task.rule.max_repeats - len(event.times_s)
             if progress:
-                progress(done, total_runs, event.key.describe())
+                progress(done, total_runs, event.key.describe() + label)
 
-    if progress:
-        progress(0, total_runs, "starting workers")
     events = run_job(
         layout, tasks, workdir=workdir, timeout_s=timeout_s, deadline_s=deadline_s, on_event=on_event
     )
@@ -353,7 +436,7 @@ def run_tasks(
     missing = [t.key.describe() for t in tasks if t.key not in results]
     if missing:
         raise TestbedError(f"no result for {missing[0]} (logs in {workdir})")
-    return [results[t.key] for t in tasks]
+    return [results[t.key] for t in tasks], done
 
 
 def _gantt_panels(

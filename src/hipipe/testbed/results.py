@@ -9,7 +9,14 @@ import statistics
 from dataclasses import dataclass, field
 
 from hipipe.cost import busbw_bytes_per_s
-from hipipe.repeats import DEFAULT_MAX_REPEATS, DEFAULT_PRECISION, RepeatRule, repeat_problem
+from hipipe.repeats import (
+    DEFAULT_JOBS,
+    DEFAULT_MAX_REPEATS,
+    DEFAULT_PRECISION,
+    RepeatRule,
+    jobs_problem,
+    repeat_problem,
+)
 from hipipe.schedule import Collective, Schedule
 from hipipe.testbed.fit import CONCURRENT_WINDOW_S, Calibration
 from hipipe.testbed.layout import TestbedError
@@ -60,6 +67,9 @@ class BenchConfig:
     """Timed runs per row, at most (``repeats``: a fixed count)."""
     precision: float = DEFAULT_PRECISION
     """A row stops once its median's relative standard error is within this."""
+    jobs: int = DEFAULT_JOBS
+    """Worker jobs each row's runs (and the calibration's overhead run, and each tuning
+    candidate's) are spread over (:data:`~hipipe.repeats.DEFAULT_JOBS`)."""
     calibrate: bool = True
     calibration_sizes_bytes: tuple[int, ...] | None = None
     """None: :func:`calibration_sizes_bytes` of the rates."""
@@ -80,7 +90,7 @@ class BenchConfig:
     """hipipe plans among the tuning candidates (``hipipe tune --best-few``)."""
 
     def __post_init__(self) -> None:
-        problem = repeat_problem(self.repeats, self.max_repeats, self.precision)
+        problem = repeat_problem(self.repeats, self.max_repeats, self.precision) or jobs_problem(self.jobs)
         if problem is not None:
             raise TestbedError(problem)
         if self.warmup < 0:

@@ -15,7 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hipipe.planners import BASELINES
-from hipipe.repeats import DEFAULT_MAX_REPEATS, DEFAULT_PRECISION, RepeatRule, repeat_problem
+from hipipe.repeats import (
+    DEFAULT_JOBS,
+    DEFAULT_MAX_REPEATS,
+    DEFAULT_PRECISION,
+    RepeatRule,
+    jobs_problem,
+    repeat_problem,
+)
 from hipipe.schedule import Collective
 from hipipe.testbed import netns
 from hipipe.testbed.bench import ProgressFn, calibrate_testbed, run_tasks
@@ -49,6 +56,8 @@ class TuneConfig:
     (:class:`~hipipe.repeats.RepeatRule`)."""
     max_repeats: int = DEFAULT_MAX_REPEATS
     precision: float = DEFAULT_PRECISION
+    jobs: int = DEFAULT_JOBS
+    """Worker jobs each candidate's runs are spread over (:data:`~hipipe.repeats.DEFAULT_JOBS`)."""
     best_few: int = DEFAULT_BEST_FEW
     calibrate: bool = True
     calibration_sizes_bytes: tuple[int, ...] | None = None
@@ -57,7 +66,7 @@ class TuneConfig:
     """Seconds of rate check per dimension first; 0 skips it."""
 
     def __post_init__(self) -> None:
-        problem = repeat_problem(self.repeats, self.max_repeats, self.precision)
+        problem = repeat_problem(self.repeats, self.max_repeats, self.precision) or jobs_problem(self.jobs)
         if problem is not None:
             raise TestbedError(problem)
         if self.warmup < 0:
@@ -115,12 +124,15 @@ def tune_on_testbed(
                 layout,
                 sizes_bytes=config.calibration_sizes_bytes,
                 repeats=config.calibration_repeats,
+                overhead_max_repeats=config.max_repeats,
+                overhead_precision=config.precision,
+                overhead_jobs=config.jobs,
                 workdir=workdir / "calibrate",
                 progress=progress,
             )
             topology = calibration.topology(name=f"testbed-{layout.shape}-calibrated")
         [(entry, candidates)] = tune_on_layout(
-            layout, topology, [config], workdir=workdir / "tune", progress=progress
+            layout, topology, [config], workdir=workdir / "tune", progress=progress, jobs=config.jobs
         )
     finally:
         netns.down(layout.prefix, state_dir=state_dir)
@@ -141,12 +153,14 @@ def tune_on_layout(
     baselines: Sequence[str] = BASELINES,
     workdir: Path,
     progress: ProgressFn | None = None,
+    jobs: int = 1,
 ) -> list[tuple[TunedEntry, list[Candidate]]]:
     """Tune on a testbed that is up: one entry (and its candidates) per config, in order.
 
     Every config's candidates are planned on ``topology`` (calibrated or nominal) and run
-    in one worker job (runs are keyed by name and size, so several sizes share it and the
-    ranks start once). ``hipipe bench --tune`` calls this between its calibration and its
+    in the same worker jobs (runs are keyed by name and size, so several sizes share them
+    and the ranks start ``jobs`` times: :func:`~hipipe.testbed.bench.run_tasks`).
+    ``hipipe bench --tune`` calls this between its calibration and its
     rows, with its own baselines, so the kept schedules come from the same calibration.
     """
     if len({c.message_bytes for c in configs}) != len(configs):
@@ -178,7 +192,7 @@ def tune_on_layout(
             for c in candidates
         ]
     predicted = {t.key: t.schedule.makespan_s for t in tasks}
-    results = run_tasks(layout, tasks, predicted, workdir=workdir, progress=progress)
+    results = run_tasks(layout, tasks, predicted, workdir=workdir, progress=progress, jobs=jobs)
     out = []
     for config, candidates in zip(configs, planned, strict=True):
         key = TuningKey.of(config.topology, config.collective, config.message_bytes, config.dtype)
