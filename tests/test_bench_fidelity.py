@@ -14,7 +14,13 @@ import pytest
 
 from hipipe.cli import main
 from hipipe.planners import plan
-from hipipe.report.bench import cell_lines, fidelity_summary_markdown, render_markdown, result_to_dict
+from hipipe.report.bench import (
+    cell_lines,
+    fidelity_summary_markdown,
+    render_markdown,
+    result_to_dict,
+    summary_tables,
+)
 from hipipe.schedule import Collective
 from hipipe.testbed import netns
 from hipipe.testbed.fidelity import (
@@ -475,6 +481,24 @@ def test_run_tasks_spreads_each_tasks_runs_over_the_jobs_in_a_rotated_order(
     assert single.times_s == (1.0, 1.1, 1.2)
     with pytest.raises(TestbedError, match="at least one job"):
         bench.run_tasks(layout, tasks, {t.key: 1.0 for t in tasks}, workdir=tmp_path, jobs=0)
+
+
+def test_the_report_counts_runs_over_every_job() -> None:
+    from dataclasses import replace
+
+    result = result_of(GOOD_ROWS)  # the default: 3 to 12 runs, in 3 jobs of 2 to 4
+    assert result.config.runs_range == (6, 12)
+    text = render_markdown(result)
+    assert (
+        "2 to 4 timed repeats (until the median's standard error is within 2%) in each of 3 worker jobs"
+        in text
+    )
+    assert "(median of 6-12 runs in 3 jobs)" in str(summary_tables(result)[0].title)
+    single = replace(result, config=replace(result.config, jobs=1, repeats=2, max_repeats=2))
+    assert single.config.runs_range == (2, 2)
+    text = render_markdown(single)
+    assert "warm-up 1, 2 timed repeats per row;" in text
+    assert "(median of 2 runs)" in str(summary_tables(single)[0].title)
 
 
 def test_a_cached_tuned_schedule_is_named_in_the_report() -> None:

@@ -234,8 +234,16 @@ def _what(config: BenchConfig) -> str:
 
 
 def _runs(config: BenchConfig) -> str:
-    rule = config.repeat_rule
-    return f"{rule.repeats}" if rule.max_repeats == rule.repeats else f"{rule.repeats}-{rule.max_repeats}"
+    fewest, most = config.runs_range
+    runs = f"{fewest}" if fewest == most else f"{fewest}-{most}"
+    return runs + (f" in {config.jobs} jobs" if config.jobs > 1 else "")
+
+
+def _repeats(config: BenchConfig) -> str:
+    """How a row is timed, in words: the rule, and its share per worker job."""
+    if config.jobs == 1:
+        return config.repeat_rule.describe()
+    return f"{config.repeat_rule.per_job(config.jobs).describe()} in each of {config.jobs} worker jobs"
 
 
 def goal_mark(met: bool | None) -> str:
@@ -286,9 +294,8 @@ def render_markdown(result: BenchResult, *, gantt_png: str | None = None) -> str
     lines = [
         f"## {_what(config)}{shape} at " + ", ".join(format_rate(r) for r in config.rates_bits_per_s),
         "",
-        f"- ranks: {math.prod(config.sizes)}; warm-up {config.warmup}, {config.repeat_rule.describe()} per row"
-        + (f", spread over {config.jobs} worker jobs" if config.jobs > 1 else "")
-        + f"; kernel: {result.kernel}",
+        f"- ranks: {math.prod(config.sizes)}; warm-up {config.warmup}, {_repeats(config)} per row;"
+        f" kernel: {result.kernel}",
     ]
     if result.rates:
         lines.append(f"- rate check (TCP goodput, all ranks at once): {describe_rates(result)}")

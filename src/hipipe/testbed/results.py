@@ -126,6 +126,13 @@ class BenchConfig:
     def repeat_rule(self) -> RepeatRule:
         return RepeatRule(repeats=self.repeats, max_repeats=self.max_repeats, precision=self.precision)
 
+    @property
+    def runs_range(self) -> tuple[int, int]:
+        """Fewest and most timed runs a row takes over all its jobs (each job's share of the
+        rule, :meth:`~hipipe.repeats.RepeatRule.per_job`, rounds up)."""
+        per_job = self.repeat_rule.per_job(self.jobs)
+        return per_job.repeats * self.jobs, per_job.max_repeats * self.jobs
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class BenchRow:
