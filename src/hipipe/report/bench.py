@@ -236,7 +236,7 @@ def _what(config: BenchConfig) -> str:
 def _runs(config: BenchConfig) -> str:
     fewest, most = config.runs_range
     runs = f"{fewest}" if fewest == most else f"{fewest}-{most}"
-    return runs + (f" in {config.jobs} jobs" if config.jobs > 1 else "")
+    return f"{runs} runs" + (f" in {config.jobs} jobs" if config.jobs > 1 else "")
 
 
 def _repeats(config: BenchConfig) -> str:
@@ -277,7 +277,9 @@ def summary_tables(result: BenchResult) -> list[Table]:
     tables = []
     shape = "x".join(str(s) for s in result.config.sizes)
     for message_bytes in result.config.messages_bytes:
-        title = f"{shape}, {_what(result.config)}{format_size(message_bytes)} (median of {_runs(result.config)} runs)"
+        title = (
+            f"{shape}, {_what(result.config)}{format_size(message_bytes)} (median of {_runs(result.config)})"
+        )
         table = Table(title=title)
         for column in SUMMARY_COLUMNS:
             table.add_column(column, justify="left" if column == "planner" else "right")
