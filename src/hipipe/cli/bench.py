@@ -24,13 +24,13 @@ from hipipe.cli.common import (
     add_jobs_argument,
     add_repeat_arguments,
     check_output_path,
+    jobs_from_args,
     max_repeats_from_args,
     stderr_console,
     stdout_console,
 )
 from hipipe.files import atomic_write_text
 from hipipe.planners import PLANNERS
-from hipipe.repeats import DEFAULT_JOBS
 from hipipe.report.bench import (
     cell_lines,
     describe_calibration,
@@ -178,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
         repeats=args.repeats,
         max_repeats=max_repeats_from_args(args),
         precision=args.precision,
-        jobs=args.jobs if args.jobs is not None else DEFAULT_JOBS,
+        jobs=jobs_from_args(args),
         calibrate=not args.no_calibrate,
         rate_check_s=args.rate_check_s,
         gantt_planner=args.gantt,

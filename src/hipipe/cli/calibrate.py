@@ -12,9 +12,9 @@ import tempfile
 from datetime import timedelta
 from pathlib import Path
 
-from hipipe.cli.common import add_jobs_argument, check_output_path, stdout_console
+from hipipe.cli.common import add_jobs_argument, check_output_path, jobs_from_args, stdout_console
 from hipipe.files import atomic_write_text
-from hipipe.repeats import DEFAULT_JOBS, DEFAULT_MAX_REPEATS, DEFAULT_PRECISION, jobs_problem
+from hipipe.repeats import DEFAULT_MAX_REPEATS, DEFAULT_PRECISION, jobs_problem
 from hipipe.report.bench import describe_calibration
 from hipipe.testbed.fit import (
     CONCURRENT_WINDOW_S,
@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         raise TestbedError("--repeats must be >= 1")
     if args.jobs is not None and not args.testbed:
         raise TestbedError("--jobs is for the testbed: under torchrun the job is the one torchrun started")
-    problem = jobs_problem(args.jobs if args.jobs is not None else DEFAULT_JOBS)
+    problem = jobs_problem(jobs_from_args(args))
     if problem is not None:
         raise TestbedError(problem)
     calibration: Calibration | None
@@ -128,7 +128,7 @@ def _on_testbed(args: argparse.Namespace, sizes_bytes: list[int] | None) -> tupl
             # bench row is (hipipe bench calibrates the same way)
             overhead_max_repeats=max(args.repeats, DEFAULT_MAX_REPEATS),
             overhead_precision=DEFAULT_PRECISION,
-            overhead_jobs=args.jobs if args.jobs is not None else DEFAULT_JOBS,
+            overhead_jobs=jobs_from_args(args),
             workdir=Path(tempfile.mkdtemp(prefix="hipipe-calibrate-")),
         )
     finally:

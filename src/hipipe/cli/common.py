@@ -72,6 +72,11 @@ def add_jobs_argument(parser: argparse.ArgumentParser, *, what: str) -> None:
     )
 
 
+def jobs_from_args(args: argparse.Namespace) -> int:
+    """``--jobs``, or the default (the flag's own default is None, so a caller can tell it was given)."""
+    return int(args.jobs) if args.jobs is not None else DEFAULT_JOBS
+
+
 def max_repeats_from_args(args: argparse.Namespace) -> int:
     """``--max-repeats``, or the default cap (never below ``--repeats``)."""
     return int(args.max_repeats) if args.max_repeats is not None else max(args.repeats, DEFAULT_MAX_REPEATS)

@@ -18,13 +18,14 @@ from hipipe.cli.common import (
     add_jobs_argument,
     add_repeat_arguments,
     check_output_path,
+    jobs_from_args,
     max_repeats_from_args,
     stderr_console,
     stdout_console,
 )
 from hipipe.errors import HipipeError
 from hipipe.files import atomic_write_text
-from hipipe.repeats import DEFAULT_JOBS, RepeatRule, repeat_problem
+from hipipe.repeats import RepeatRule, repeat_problem
 from hipipe.report.tune import tuning_table
 from hipipe.schedule import Collective
 from hipipe.tuning.cache import TunedEntry, read_cache, write_entry
@@ -127,7 +128,7 @@ def _on_testbed(
         repeats=rule.repeats,
         max_repeats=rule.max_repeats,
         precision=rule.precision,
-        jobs=args.jobs if args.jobs is not None else DEFAULT_JOBS,
+        jobs=jobs_from_args(args),
         best_few=args.best_few,
         calibrate=not args.no_calibrate,
     )

@@ -248,6 +248,7 @@ def _tune(
             repeats=config.repeats,
             max_repeats=config.max_repeats,
             precision=config.precision,
+            jobs=config.jobs,
             best_few=config.tune_best_few,
             calibrate=config.calibrate,
         )
@@ -362,8 +363,7 @@ def run_tasks(
     """
     if jobs < 1:
         raise TestbedError(f"need at least one job, got {jobs}")
-    per_job = [_task_for_job(t, jobs, traced=j == jobs - 1) for j in range(jobs) for t in tasks]
-    total_runs = sum(t.warmup + t.rule.max_repeats for t in per_job)
+    total_runs = jobs * sum(t.warmup + t.rule.per_job(jobs).max_repeats for t in tasks)
     done = 0
     times: dict[RunKey, list[float]] = {t.key: [] for t in tasks}
     traces: dict[RunKey, tuple[tuple[float, float], ...]] = {}
@@ -371,7 +371,10 @@ def run_tasks(
         progress(0, total_runs, "starting workers")
     for job in range(jobs):
         first = job * len(tasks) // jobs  # spread the starts evenly over the tasks
-        order = [per_job[job * len(tasks) + (i + first) % len(tasks)] for i in range(len(tasks))]
+        order = [
+            _task_for_job(tasks[(i + first) % len(tasks)], jobs, traced=job == jobs - 1)
+            for i in range(len(tasks))
+        ]
         label = f" (job {job + 1} of {jobs})" if jobs > 1 else ""
         results, done = _run_one_job(
             layout,

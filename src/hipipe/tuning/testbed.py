@@ -19,7 +19,6 @@ from hipipe.repeats import (
     DEFAULT_JOBS,
     DEFAULT_MAX_REPEATS,
     DEFAULT_PRECISION,
-    RepeatRule,
     jobs_problem,
     repeat_problem,
 )
@@ -75,10 +74,6 @@ class TuneConfig:
             raise TestbedError(f"unknown dtype {self.dtype!r} (use {', '.join(DTYPE_BYTES)})")
         if self.message_bytes <= 0 or self.message_bytes % DTYPE_BYTES[self.dtype]:
             raise TestbedError(f"{self.message_bytes} bytes is not a whole number of {self.dtype} elements")
-
-    @property
-    def rule(self) -> RepeatRule:
-        return RepeatRule(repeats=self.repeats, max_repeats=self.max_repeats, precision=self.precision)
 
     @property
     def topology(self) -> Topology:
