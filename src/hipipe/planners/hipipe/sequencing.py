@@ -148,6 +148,16 @@ def longest_path_s(table: OpTable, durations_s: np.ndarray, sequences: tuple[tup
 
     Raises :class:`Deadlock` when the sequences contradict the chains.
     """
+    return max(end_times_s(table, durations_s, sequences), default=0.0)
+
+
+def end_times_s(
+    table: OpTable, durations_s: np.ndarray, sequences: tuple[tuple[int, ...], ...]
+) -> list[float]:
+    """When each op of fixed sequences ends, every op as early as its chain and dim allow.
+
+    Raises :class:`Deadlock` when the sequences contradict the chains.
+    """
     chain_length = table.chain_length
     durations = durations_s.tolist()
     end = [0.0] * table.num_ops
@@ -171,4 +181,4 @@ def longest_path_s(table: OpTable, durations_s: np.ndarray, sequences: tuple[tup
                 progressed = True
         if not progressed:
             raise Deadlock("sequences deadlock: they contradict the chunks' chains")
-    return max(end, default=0.0)
+    return end

@@ -1,0 +1,321 @@
+"""Per-dim sequences by a small MIP: the best sequences and sizes for fixed chunk orders.
+
+The exact planner (:mod:`hipipe.planners.exact`) showed where the local search leaves
+time with few chunks: given the proven optimum's chunk orders, the list-scheduled,
+swapped and nested sequences reach the optimum on some instances but not on others
+(libra-3d at 1 GiB, K = 4: 4.956 ms against 4.794 ms), whose optimal sequences are
+stack-shaped without being nested (a dim runs ``2R 0R 3R 3A 1R 1A 0A 2A``). With the
+orders fixed, what is left is a disjunctive scheduling problem with variable durations,
+small enough for HiGHS' branch and bound at K <= 4: one binary per pair of ops of
+different chunks on a dim, against every order binary of the exact model.
+
+Columns, in units of the incumbent's makespan U (so T <= 1 and 1 is a valid big-M):
+``s_j`` (chunk j's fraction of the message), ``t_o`` (op o's start), ``x_ab`` (op a
+before op b on their dim) and ``T``. Op o lasts ``alpha_o + beta_o s_j(o)`` (the
+sizing LP's coefficients, :mod:`.sizing`, hand-offs included on chain rows). Cuts: a
+dim's ops and a chunk's chain each fit in T; chunks of the same order are
+interchangeable, so their sizes do not increase with the index.
+
+The search is bounded by a node count, not a clock, so a plan is the same on every
+machine.
+"""
+
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+import highspy
+import numpy as np
+
+from hipipe.bounds import new_highs
+from hipipe.planners.hipipe.candidates import (
+    Candidate,
+    SearchLog,
+    SearchOptions,
+    Trial,
+    better,
+    optimize_structure,
+)
+from hipipe.planners.hipipe.sequencing import Deadlock, end_times_s
+from hipipe.planners.hipipe.structure import OpTable, Order, op_table
+from hipipe.schedule import Collective
+from hipipe.topology import Topology
+
+Row = tuple[dict[int, float], float, float]
+"""A sparse row: column -> coefficient, lower and upper bound."""
+
+MAX_NODES = 400
+"""Branch-and-bound nodes per solve. On the reference grid's few-chunk instances the
+improving incumbent came within ~150 nodes where one exists; a node costs ~1 ms here."""
+
+MAX_DIMS = 4
+"""Up to 4 dims (at most 32 ops with 4 chunks): beyond, the pairs grow past what a few
+hundred nodes settle."""
+
+SOLVER_OPTIONS: dict[str, Any] = {
+    "mip_heuristic_run_rins": False,
+    "mip_heuristic_run_rens": False,
+}
+"""The start is the search's plan, already a good incumbent: the neighbourhood heuristics
+took half the solve time and found nothing the branching did not (reference grid)."""
+
+FEASIBILITY_TOLERANCE = 1e-9
+"""As the sizing LP's: the sequences found are re-sized by that LP anyway."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SequenceSolution:
+    """The MIP's incumbent: per-dim sequences (op indices) and what they cost."""
+
+    sequences: tuple[tuple[int, ...], ...]
+    makespan_s: float
+    nodes: int
+    proven: bool
+
+
+def best_sequences(
+    topology: Topology,
+    message_bytes: float,
+    orders: tuple[Order, ...],
+    *,
+    collective: Collective,
+    incumbent_s: float,
+    start: tuple[tuple[tuple[int, ...], ...], np.ndarray] | None = None,
+    max_nodes: int = MAX_NODES,
+) -> SequenceSolution | None:
+    """The best sequences for ``orders`` found within ``max_nodes``, never slower than
+    ``incumbent_s`` (with ``start``, possibly ``start`` itself); None if none was found.
+
+    ``start`` (sequences, sizes in bytes for these orders) is handed to HiGHS as its
+    first incumbent.
+    """
+    table = op_table(topology, orders, collective)
+    model = _Model(topology, message_bytes, table, orders, unit_s=incumbent_s)
+    solver = model.solver(max_nodes)
+    if start is not None:
+        values = model.values_of(*start)
+        if values is not None:
+            solver.setSolution(model.num_cols, np.arange(model.num_cols, dtype=np.int32), values)
+    solver.run()
+    info = solver.getInfo()
+    if int(info.primal_solution_status) == 0:
+        return None
+    values = np.asarray(solver.getSolution().col_value)
+    makespan_s = float(values[model.makespan_col]) * incumbent_s
+    return SequenceSolution(
+        sequences=model.sequences_of(values),
+        makespan_s=makespan_s,
+        nodes=int(info.mip_node_count),
+        proven=solver.getModelStatus() == highspy.HighsModelStatus.kOptimal,
+    )
+
+
+class _Model:
+    """Column layout and rows of one instance; immutable after ``__init__``."""
+
+    def __init__(
+        self,
+        topology: Topology,
+        message_bytes: float,
+        table: OpTable,
+        orders: tuple[Order, ...],
+        *,
+        unit_s: float,
+    ) -> None:
+        self.table = table
+        self.message_bytes = float(message_bytes)
+        self.unit_s = unit_s
+        self.num_chunks = len(orders)
+        self.orders = orders
+        self.alpha = table.constant_s / unit_s
+        self.beta = table.per_chunk_byte_s * self.message_bytes / unit_s
+        self.handoff = topology.overheads.handoff_s / unit_s
+        self.pairs = [
+            (a, b)
+            for a, b in itertools.combinations(range(table.num_ops), 2)
+            if table.dim[a] == table.dim[b] and table.chunk[a] != table.chunk[b]
+        ]
+        self.t0 = self.num_chunks
+        self.x0 = self.t0 + table.num_ops
+        self.makespan_col = self.x0 + len(self.pairs)
+        self.num_cols = self.makespan_col + 1
+
+    def _minus_size_term(self, op: int) -> dict[int, float]:
+        """``-beta_o s_j(o)``, the size-dependent part of op o's duration, negated."""
+        return {int(self.table.chunk[op]): -float(self.beta[op])}
+
+    def _rows(self) -> list[Row]:
+        table = self.table
+        length = table.chain_length
+        rows: list[Row] = [({j: 1.0 for j in range(self.num_chunks)}, 1.0, 1.0)]
+        for op in range(table.num_ops):
+            # The next op of the chain (after a hand-off if it changes dim), or T, waits for op.
+            if (op + 1) % length:
+                after, extra = self.t0 + op + 1, self.handoff if table.dim[op] != table.dim[op + 1] else 0.0
+            else:
+                after, extra = self.makespan_col, 0.0
+            terms = {after: 1.0, self.t0 + op: -1.0, **self._minus_size_term(op)}
+            rows.append((terms, float(self.alpha[op]) + extra, np.inf))
+        for i, (a, b) in enumerate(self.pairs):
+            x = self.x0 + i
+            # x = 1: a then b (t_b >= t_a + d_a); x = 0: b then a (t_a >= t_b + d_b).
+            a_first = {self.t0 + b: 1.0, self.t0 + a: -1.0, x: -1.0, **self._minus_size_term(a)}
+            b_first = {self.t0 + a: 1.0, self.t0 + b: -1.0, x: 1.0, **self._minus_size_term(b)}
+            rows.append((a_first, float(self.alpha[a]) - 1.0, np.inf))
+            rows.append((b_first, float(self.alpha[b]), np.inf))
+        groups = [np.flatnonzero(table.dim == k) for k in range(table.num_dims)]
+        groups += [np.flatnonzero(table.chunk == j) for j in range(self.num_chunks)]
+        for group in groups:
+            # Cut: the ops of a dim (one at a time) or of a chunk (a chain) fit in T.
+            cut: dict[int, float] = {self.makespan_col: 1.0}
+            for op in group.tolist():
+                for column, value in self._minus_size_term(op).items():
+                    cut[column] = cut.get(column, 0.0) + value
+            rows.append((cut, float(self.alpha[group].sum()), np.inf))
+        for j, j2 in itertools.combinations(range(self.num_chunks), 2):
+            between = self.orders[j + 1 : j2]
+            if self.orders[j] == self.orders[j2] and self.orders[j] not in between:
+                rows.append(({j: 1.0, j2: -1.0}, 0.0, np.inf))  # symmetry: same order, larger first
+        return rows
+
+    def solver(self, max_nodes: int) -> Any:
+        """A HiGHS instance holding the model, bounded by ``max_nodes``."""
+        solver = new_highs()
+        for name, setting in {
+            "mip_max_nodes": int(max_nodes),
+            "mip_feasibility_tolerance": FEASIBILITY_TOLERANCE,
+            "primal_feasibility_tolerance": FEASIBILITY_TOLERANCE,
+            "random_seed": 0,
+            **SOLVER_OPTIONS,
+        }.items():
+            solver.setOptionValue(name, setting)
+        cost = np.zeros(self.num_cols)
+        cost[self.makespan_col] = 1.0
+        lower = np.zeros(self.num_cols)
+        upper = np.ones(self.num_cols)
+        solver.addCols(
+            self.num_cols, cost, lower, upper, 0, np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0)
+        )
+        integer = np.zeros(self.num_cols, dtype=np.uint8)
+        integer[self.x0 : self.makespan_col] = 1
+        solver.changeColsIntegrality(self.num_cols, np.arange(self.num_cols, dtype=np.int32), integer)
+        rows = self._rows()
+        starts: list[int] = []
+        index: list[int] = []
+        value: list[float] = []
+        for terms, _, _ in rows:
+            starts.append(len(index))
+            for column, coefficient in terms.items():
+                if coefficient != 0.0:
+                    index.append(column)
+                    value.append(coefficient)
+        solver.addRows(
+            len(rows),
+            np.array([lo for _, lo, _ in rows]),
+            np.array([hi for _, _, hi in rows]),
+            len(index),
+            np.array(starts, dtype=np.int32),
+            np.array(index, dtype=np.int32),
+            np.array(value),
+        )
+        return solver
+
+    def values_of(self, sequences: tuple[tuple[int, ...], ...], sizes_bytes: np.ndarray) -> np.ndarray | None:
+        """Column values of a known schedule of these orders (None if it deadlocks or is
+        slower than the unit: then it is no incumbent for this model)."""
+        durations = self.table.durations_s(sizes_bytes)
+        try:
+            ends = end_times_s(self.table, durations, sequences)
+        except Deadlock:
+            return None
+        if self.handoff:
+            return None  # end_times_s has no hand-offs: let HiGHS find its own start
+        values = np.zeros(self.num_cols)
+        values[: self.num_chunks] = sizes_bytes / self.message_bytes
+        starts = (np.array(ends) - durations) / self.unit_s
+        values[self.t0 : self.x0] = starts
+        position = {op: rank for sequence in sequences for rank, op in enumerate(sequence)}
+        for i, (a, b) in enumerate(self.pairs):
+            values[self.x0 + i] = 1.0 if position[a] < position[b] else 0.0
+        values[self.makespan_col] = max(ends) / self.unit_s
+        return values if values[self.makespan_col] <= 1.0 + FEASIBILITY_TOLERANCE else None
+
+    def sequences_of(self, values: np.ndarray) -> tuple[tuple[int, ...], ...]:
+        """Each dim's ops by start (then end, then op index: zero-length ops first)."""
+        starts = values[self.t0 : self.x0]
+        ends = starts + self.alpha + self.beta * values[self.table.chunk]
+        return tuple(
+            tuple(
+                sorted(
+                    (int(op) for op in np.flatnonzero(self.table.dim == k)),
+                    key=lambda op: (round(float(starts[op]), 12), round(float(ends[op]), 12), op),
+                )
+            )
+            for k in range(self.table.num_dims)
+        )
+
+
+def polish_sequences(
+    topology: Topology,
+    message_bytes: int,
+    start: Candidate,
+    *,
+    max_chunks: int,
+    options: SearchOptions,
+    unit_s: float,
+    log: SearchLog,
+) -> Candidate:
+    """``start``, or a faster plan with its orders and MIP-optimal sequences.
+
+    Two structures are solved: ``start``'s own orders (from ``start`` as the MIP's first
+    incumbent), and, while ``max_chunks`` allows, the same orders with the largest
+    chunk's order once more: the proven optima at K = 4 are often a 3-chunk plan whose
+    main order is split in two (libra-3d at 1 GiB: 4.903 ms with 3 chunks, 4.824 ms with
+    the split, optimum 4.794 ms). The MIP's sequences are re-sized by the sizing LP, so
+    the result is timed exactly as every other candidate.
+    """
+    orders = start.structure.orders
+    num_chunks = len(orders)
+    if num_chunks < 2 and max_chunks < 2:
+        return start
+    largest = orders[int(np.argmax(start.sizes_bytes))]
+    variants: list[tuple[tuple[Order, ...], bool]] = []
+    if num_chunks >= 2:
+        variants.append((orders, True))
+    if num_chunks < max_chunks:
+        variants.append(((*orders, largest), False))
+    best = start
+    for trial_orders, from_start in variants:
+        solution = best_sequences(
+            topology,
+            message_bytes,
+            trial_orders,
+            collective=options.collective,
+            incumbent_s=best.makespan_s,
+            start=(start.structure.sequences, start.sizes_bytes) if from_start else None,
+            max_nodes=MAX_NODES,
+        )
+        if solution is None:
+            continue
+        candidate = optimize_structure(
+            topology,
+            message_bytes,
+            trial_orders,
+            [solution.sequences],
+            source=start.structure.source,
+            options=options,
+            unit_s=unit_s,
+            log=log,
+            resequence=False,
+        )
+        log.tried.append(
+            Trial(
+                num_chunks=len(trial_orders),
+                kept_chunks=candidate.structure.num_chunks,
+                source="sequence-mip",
+                makespan_s=candidate.makespan_s,
+            )
+        )
+        if better(best, candidate):
+            best = candidate
+    return best
