@@ -375,13 +375,17 @@ def _at_most(
     unit_s: float,
     log: SearchLog,
 ) -> list[Candidate | None]:
-    """The settled plans of every K' <= ``num_chunks`` (and <= AT_MOST_MAX_CHUNKS)."""
+    """The settled and polished plans of every K' <= ``num_chunks`` (and <= AT_MOST_MAX_CHUNKS),
+    as a forced K' plans them."""
     settled: list[Candidate | None] = []
     for step in _small_steps(
         topology, message_bytes, mix, num_chunks, options=options, unit_s=unit_s, log=log
     ):
-        settled.append(_settle(topology, message_bytes, step, options=options, unit_s=unit_s)[0])
+        best = _settle(topology, message_bytes, step, options=options, unit_s=unit_s)[0]
         _absorb(log, step)
+        settled.append(
+            _polished(topology, message_bytes, best, step.num_chunks, options=options, unit_s=unit_s, log=log)
+        )
     return settled
 
 
