@@ -286,22 +286,31 @@ def polish_sequences(
         variants.append(((*orders, largest), False))
     best = start
     for trial_orders, from_start in variants:
-        solution = best_sequences(
-            topology,
-            message_bytes,
+        # The same solve comes up again when the settled plans of consecutive Ks coincide.
+        key = (
             trial_orders,
-            collective=options.collective,
-            incumbent_s=best.makespan_s,
-            start=(start.structure.sequences, start.sizes_bytes) if from_start else None,
-            max_nodes=MAX_NODES,
+            (start.structure.sequences, tuple(start.sizes_bytes.tolist())) if from_start else None,
+            best.makespan_s,
         )
-        if solution is None:
+        if key not in log.sequence_mips:
+            solution = best_sequences(
+                topology,
+                message_bytes,
+                trial_orders,
+                collective=options.collective,
+                incumbent_s=best.makespan_s,
+                start=(start.structure.sequences, start.sizes_bytes) if from_start else None,
+                max_nodes=MAX_NODES,
+            )
+            log.sequence_mips[key] = None if solution is None else solution.sequences
+        sequences = log.sequence_mips[key]
+        if sequences is None:
             continue
         candidate = optimize_structure(
             topology,
             message_bytes,
             trial_orders,
-            [solution.sequences],
+            [sequences],
             source=start.structure.source,
             options=options,
             unit_s=unit_s,
