@@ -18,14 +18,13 @@ import json
 import os
 import signal
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from hipipe.files import atomic_write_text
+from hipipe.files import atomic_write_text, scratch_dir
 from hipipe.testbed import host, netns
 from hipipe.testbed.bench import calibrate_testbed
 from hipipe.testbed.layout import Layout
@@ -59,14 +58,15 @@ def available_controls() -> set[str]:
 def measure(layout: Layout, control: str) -> dict[str, Any]:
     """Streamed op times on :data:`DIM` under ``control``: per phase, ``{bytes: seconds}``."""
     set_congestion_control(layout, control)
-    calibration = calibrate_testbed(
-        layout,
-        sizes_bytes=SIZES_BYTES,
-        repeats=3,
-        concurrent_window_s=0.0,
-        overhead=False,
-        workdir=Path(tempfile.mkdtemp(prefix="hipipe-congestion-")),
-    )
+    with scratch_dir(None, prefix="hipipe-congestion-") as workdir:
+        calibration = calibrate_testbed(
+            layout,
+            sizes_bytes=SIZES_BYTES,
+            repeats=3,
+            concurrent_window_s=0.0,
+            overhead=False,
+            workdir=workdir,
+        )
     return {
         curve.phase: {int(b): t for b, t in curve.points}
         for curve in calibration.overheads.op_curves

@@ -23,14 +23,13 @@ import os
 import signal
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from hipipe.files import atomic_write_text
+from hipipe.files import atomic_write_text, scratch_dir
 from hipipe.testbed import host, netns
 from hipipe.testbed.bench import calibrate_testbed
 from hipipe.testbed.layout import parse_rates_bits_per_s, parse_shape
@@ -45,9 +44,8 @@ def calibrate_once(shape: str, rates: str) -> dict[str, Any]:
     sizes = parse_shape(shape)
     testbed = netns.up(sizes, parse_rates_bits_per_s(rates, len(sizes)))
     try:
-        calibration = calibrate_testbed(
-            testbed.layout, workdir=Path(tempfile.mkdtemp(prefix="hipipe-overheads-"))
-        )
+        with scratch_dir(None, prefix="hipipe-overheads-") as workdir:
+            calibration = calibrate_testbed(testbed.layout, workdir=workdir)
     finally:
         netns.down(testbed.layout.prefix)
     return {

@@ -10,6 +10,7 @@ import itertools
 import math
 import os
 import random
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -457,7 +458,7 @@ def test_testbed_rates_and_one_small_benchmark(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("collective", [Collective.REDUCE_SCATTER, Collective.ALL_GATHER])
 def test_bench_measures_reduce_scatter_and_all_gather_against_torch(
-    tmp_path: Path, collective: Collective
+    tmp_path: Path, collective: Collective, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     reason = root_skip_reason()
     if reason is not None:
@@ -478,11 +479,15 @@ def test_bench_measures_reduce_scatter_and_all_gather_against_torch(
         calibrate=False,
         rate_check_s=0.0,
     )
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     try:
         # every run is checked on the ranks against the closed form of its collective
-        result = run_bench(config, workdir=tmp_path / "bench", state_dir=state_dir, prefix=prefix)
+        result = run_bench(config, state_dir=state_dir, prefix=prefix)
     finally:
         netns.down(prefix, state_dir=state_dir)
+    assert list(scratch.iterdir()) == []  # its own work directory (worker logs) is gone
     torch_name = f"torch.distributed.{collective.torch_function}"
     assert [r.name for r in result.rows] == ["hipipe", torch_name]
     assert all(len(r.times_s) == 2 and r.collective is collective for r in result.rows)

@@ -1,7 +1,11 @@
-"""Writing output files so that a failure never leaves a half-written file behind."""
+"""Writing output files so that a failure never leaves a half-written file behind, and
+scratch directories that do not outlive a successful run."""
 
 import os
+import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -33,3 +37,21 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
 
 def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write_bytes(path, text.encode())
+
+
+@contextmanager
+def scratch_dir(given: Path | None, *, prefix: str) -> Iterator[Path]:
+    """``given`` as is, or a new temporary directory (``prefix`` + random) that is removed
+    when the block succeeds. After an error it stays unless empty: testbed errors name the
+    worker logs in it, and those logs are what the user needs next."""
+    if given is not None:
+        yield given
+        return
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield path
+    except BaseException:
+        if not any(path.iterdir()):  # nothing to read: no reason to keep it
+            path.rmdir()
+        raise
+    shutil.rmtree(path, ignore_errors=True)

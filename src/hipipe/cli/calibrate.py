@@ -8,9 +8,7 @@ rank measures and rank 0 writes the file. Either way ``hipipe plan`` reads the Y
 
 import argparse
 import os
-import tempfile
 from datetime import timedelta
-from pathlib import Path
 
 from hipipe.cli.common import add_jobs_argument, check_output_path, jobs_from_args, stdout_console
 from hipipe.files import atomic_write_text
@@ -109,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _on_testbed(args: argparse.Namespace, sizes_bytes: list[int] | None) -> tuple[Calibration, str]:
+    from hipipe.files import scratch_dir
     from hipipe.testbed import netns
     from hipipe.testbed.bench import calibrate_testbed
 
@@ -118,19 +117,20 @@ def _on_testbed(args: argparse.Namespace, sizes_bytes: list[int] | None) -> tupl
     rates = parse_rates_bits_per_s(args.rates, len(sizes))
     testbed = netns.up(sizes, rates)
     try:
-        calibration = calibrate_testbed(
-            testbed.layout,
-            sizes_bytes=sizes_bytes,
-            repeats=args.repeats,
-            concurrent_window_s=args.concurrent_s,
-            overhead=not args.no_overhead,
-            # the overhead run's median sets the per-op cost: settled and spread over jobs as a
-            # bench row is (hipipe bench calibrates the same way)
-            overhead_max_repeats=max(args.repeats, DEFAULT_MAX_REPEATS),
-            overhead_precision=DEFAULT_PRECISION,
-            overhead_jobs=jobs_from_args(args),
-            workdir=Path(tempfile.mkdtemp(prefix="hipipe-calibrate-")),
-        )
+        with scratch_dir(None, prefix="hipipe-calibrate-") as workdir:
+            calibration = calibrate_testbed(
+                testbed.layout,
+                sizes_bytes=sizes_bytes,
+                repeats=args.repeats,
+                concurrent_window_s=args.concurrent_s,
+                overhead=not args.no_overhead,
+                # the overhead run's median sets the per-op cost: settled and spread over jobs as a
+                # bench row is (hipipe bench calibrates the same way)
+                overhead_max_repeats=max(args.repeats, DEFAULT_MAX_REPEATS),
+                overhead_precision=DEFAULT_PRECISION,
+                overhead_jobs=jobs_from_args(args),
+                workdir=workdir,
+            )
     finally:
         netns.down(testbed.layout.prefix)
     return calibration, f"testbed {args.testbed} at {args.rates}"

@@ -17,12 +17,12 @@ and measures the kept schedule as that row.
 """
 
 import os
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from hipipe.files import scratch_dir
 from hipipe.planners import BASELINES, plan
 from hipipe.predict import predicted_s
 from hipipe.repeats import RepeatRule
@@ -74,10 +74,25 @@ def run_bench(
     """Up, rate check, calibrate, plan, run, down (always). Raises :class:`TestbedError`.
 
     ``prefix`` names the testbed (default: random), so a caller can check it is gone.
+
+    Without ``workdir`` the worker logs go to a temporary directory, removed after a
+    successful run and kept after a failure (the error names it).
     """
+    with scratch_dir(workdir, prefix="hipipe-bench-") as directory:
+        return _run_bench(config, progress=progress, workdir=directory, state_dir=state_dir, prefix=prefix)
+
+
+def _run_bench(
+    config: BenchConfig,
+    *,
+    progress: ProgressFn | None = None,
+    workdir: Path,
+    state_dir: Path = netns.DEFAULT_STATE_DIR,
+    prefix: str | None = None,
+) -> BenchResult:
+    """The body of :func:`run_bench` in ``workdir``."""
     started = time.monotonic()
     load_before = os.getloadavg()[0]
-    workdir = workdir or Path(tempfile.mkdtemp(prefix="hipipe-bench-"))
     testbed = netns.up(config.sizes, config.rates_bits_per_s, prefix=prefix, state_dir=state_dir)
     layout = testbed.layout
     try:

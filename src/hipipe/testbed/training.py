@@ -12,13 +12,13 @@ relative loss difference between the two runs.
 
 import json
 import os
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hipipe.files import scratch_dir
 from hipipe.testbed import netns
 from hipipe.testbed.bench import calibrate_testbed
 from hipipe.testbed.layout import TestbedError, format_rate
@@ -94,10 +94,28 @@ def run_training_bench(
     state_dir: Path = netns.DEFAULT_STATE_DIR,
     prefix: str | None = None,
 ) -> TrainingBenchResult:
-    """Up, calibrate, train with torch then hipipe under torchrun, down (always)."""
+    """Up, calibrate, train with torch then hipipe under torchrun, down (always).
+
+    Without ``workdir`` the worker logs go to a temporary directory, removed after a
+    successful run and kept after a failure (the error names it).
+    """
+    with scratch_dir(workdir, prefix="hipipe-training-") as directory:
+        return _run_training_bench(
+            config, progress=progress, workdir=directory, state_dir=state_dir, prefix=prefix
+        )
+
+
+def _run_training_bench(
+    config: TrainingBenchConfig,
+    *,
+    progress: ProgressFn | None = None,
+    workdir: Path,
+    state_dir: Path = netns.DEFAULT_STATE_DIR,
+    prefix: str | None = None,
+) -> TrainingBenchResult:
+    """The body of :func:`run_training_bench` in ``workdir``."""
     started = time.monotonic()
     load_before = os.getloadavg()[0]
-    workdir = workdir or Path(tempfile.mkdtemp(prefix="hipipe-training-"))
     workdir.mkdir(parents=True, exist_ok=True)
     testbed = netns.up(config.sizes, config.rates_bits_per_s, prefix=prefix, state_dir=state_dir)
     layout = testbed.layout

@@ -9,11 +9,11 @@ testbed down whatever happens. The cache key names the *nominal* testbed topolog
 anything is measured; the calibrated one changes with every calibration.
 """
 
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from hipipe.files import scratch_dir
 from hipipe.planners import BASELINES
 from hipipe.repeats import (
     DEFAULT_JOBS,
@@ -103,8 +103,26 @@ def tune_on_testbed(
     state_dir: Path = netns.DEFAULT_STATE_DIR,
     prefix: str | None = None,
 ) -> TuneResult:
-    """Up, (rate check), calibrate, plan the candidates, measure them, down (always)."""
-    workdir = workdir or Path(tempfile.mkdtemp(prefix="hipipe-tune-"))
+    """Up, (rate check), calibrate, plan the candidates, measure them, down (always).
+
+    Without ``workdir`` the worker logs go to a temporary directory, removed after a
+    successful run and kept after a failure (the error names it).
+    """
+    with scratch_dir(workdir, prefix="hipipe-tune-") as directory:
+        return _tune_on_testbed(
+            config, progress=progress, workdir=directory, state_dir=state_dir, prefix=prefix
+        )
+
+
+def _tune_on_testbed(
+    config: TuneConfig,
+    *,
+    progress: ProgressFn | None = None,
+    workdir: Path,
+    state_dir: Path = netns.DEFAULT_STATE_DIR,
+    prefix: str | None = None,
+) -> TuneResult:
+    """The body of :func:`tune_on_testbed` in ``workdir``."""
     testbed = netns.up(config.sizes, config.rates_bits_per_s, prefix=prefix, state_dir=state_dir)
     layout = testbed.layout
     try:
