@@ -229,9 +229,7 @@ def generated_text(entries: list[dict[str, Any]], summary: dict[str, Any], seed:
             f"  - #{e['index']} {e['network']}; {_size(e['message_bytes'])}, K={e['k']}: hipipe"
             f" {_ms(e['hipipe_s'])} ms, exact {_ms(e['exact_s'])} ms ({proof}, {e['hipipe_vs_exact']:+.2%})"
         )
-        for who in ("hipipe", "exact"):
-            chunks = ", ".join(f"{tuple(c['order'])} {c['fraction']:.3f}" for c in e[f"{who}_structure"])
-            lines.append(f"    - {who}: {chunks}")
+        lines += structure_lines(e, "    ")
     return lines
 
 
@@ -318,9 +316,18 @@ def missed_text(cells: list[dict[str, Any]]) -> list[str]:
                 f"- {cell['preset']} {_size(cell['message_bytes'])} K={k}: hipipe {_ms(e['hipipe_s'])} ms,"
                 f" exact {_ms(e['exact_s'])} ms{' (proven)' if e['proven'] else ''} ({e['hipipe_vs_exact']:+.2%})"
             )
-            for who in ("hipipe", "exact"):
-                chunks = ", ".join(f"{tuple(c['order'])} {c['fraction']:.3f}" for c in e[f"{who}_structure"])
-                lines.append(f"  - {who}: {chunks}; {e[f'{who}_sequences']}")
+            lines += structure_lines(e, "  ")
+    return lines
+
+
+def structure_lines(entry: dict[str, Any], indent: str) -> list[str]:
+    """hipipe's and exact's chunks (order, fraction) of one instance, with their per-dim
+    sequences where recorded."""
+    lines = []
+    for who in ("hipipe", "exact"):
+        chunks = ", ".join(f"{tuple(c['order'])} {c['fraction']:.3f}" for c in entry[f"{who}_structure"])
+        sequences = entry.get(f"{who}_sequences")
+        lines.append(f"{indent}- {who}: {chunks}" + (f"; {sequences}" if sequences else ""))
     return lines
 
 
