@@ -59,9 +59,12 @@ hundred nodes settle."""
 SOLVER_OPTIONS: dict[str, Any] = {
     "mip_heuristic_run_rins": False,
     "mip_heuristic_run_rens": False,
+    "mip_heuristic_effort": 0.0,
+    "mip_detect_symmetry": False,
 }
-"""The start is the search's plan, already a good incumbent: the neighbourhood heuristics
-took half the solve time and found nothing the branching did not (reference grid)."""
+"""The start is the search's plan, already a good incumbent: the primal heuristics took
+half the solve time and found nothing the branching did not (reference grid, generated
+networks), and the chunks' symmetry is broken by the model's own rows."""
 
 FEASIBILITY_TOLERANCE = 1e-9
 """As the sizing LP's: the sequences found are re-sized by that LP anyway."""
