@@ -41,6 +41,21 @@ def _local_search_plan(topology, message, orders, collective=Collective.ALL_REDU
     return nested_descent(topology, message, candidate, unit_s=unit_s, log=log), options, unit_s, log
 
 
+def _resized(topology, message, orders, sequences, options, unit_s, log):
+    """The planner's own LP re-sizing ``sequences`` for ``orders`` (as the polish does)."""
+    return optimize_structure(
+        topology,
+        message,
+        orders,
+        [sequences],
+        source="test",
+        options=options,
+        unit_s=unit_s,
+        log=log,
+        resequence=False,
+    )
+
+
 def test_the_mip_finds_the_stack_shaped_sequences_the_local_search_misses():
     """libra-3d at 1 GiB, K = 4, with the proven optimum's orders: list schedules, swaps and
     nested descent stop at 4.956 ms; the optimum's sequences are stack-shaped but not nested.
@@ -61,17 +76,7 @@ def test_the_mip_finds_the_stack_shaped_sequences_the_local_search_misses():
     assert start.makespan_s > exact.makespan_s * 1.02  # the gap the MIP is for
     assert solution.makespan_s == pytest.approx(exact.makespan_s, rel=1e-6)
     # The sequences, re-sized by the planner's LP, time as the MIP says.
-    resized = optimize_structure(
-        topology,
-        GIB,
-        LIBRA_3D_OPTIMAL_ORDERS,
-        [solution.sequences],
-        source="test",
-        options=options,
-        unit_s=unit_s,
-        log=log,
-        resequence=False,
-    )
+    resized = _resized(topology, GIB, LIBRA_3D_OPTIMAL_ORDERS, solution.sequences, options, unit_s, log)
     assert resized.makespan_s == pytest.approx(solution.makespan_s, rel=1e-6)
 
 
@@ -148,17 +153,7 @@ def test_mip_sequences_are_valid_and_never_slower_than_the_start(dims, exponent,
     assert solution.makespan_s <= start.makespan_s * (1 + 1e-6)
     table = op_table(topology, orders, collective)
     assert sorted(op for seq in solution.sequences for op in seq) == list(range(table.num_ops))
-    resized = optimize_structure(
-        topology,
-        message,
-        orders,
-        [solution.sequences],
-        source="test",
-        options=options,
-        unit_s=unit_s,
-        log=log,
-        resequence=False,
-    )
+    resized = _resized(topology, message, orders, solution.sequences, options, unit_s, log)
     assert resized.makespan_s <= solution.makespan_s * (1 + 1e-6)
     uniform = np.full(len(orders), message / len(orders))
     assert longest_path_s(table, table.durations_s(uniform), solution.sequences) > 0

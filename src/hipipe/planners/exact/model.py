@@ -152,7 +152,7 @@ class ExactModel:
 
     def rows(self) -> Rows:
         """Every constraint of the model (see the module docstring)."""
-        builder = _RowBuilder()
+        builder = RowBuilder()
         num_orders = len(self.orders)
         num_dims = self.topology.num_dims
         makespan = self.makespan_col
@@ -201,7 +201,7 @@ class ExactModel:
         self._symmetry_rows(builder)
         return builder.build()
 
-    def _chain_rows(self, builder: "_RowBuilder", j: int) -> None:
+    def _chain_rows(self, builder: "RowBuilder", j: int) -> None:
         """Precedence inside chunk j: by order within a phase, and every RS before every AG."""
         num_dims = self.topology.num_dims
         for ph, phase in enumerate(self.phases):
@@ -228,7 +228,7 @@ class ExactModel:
                     math.inf,
                 )
 
-    def _symmetry_rows(self, builder: "_RowBuilder") -> None:
+    def _symmetry_rows(self, builder: "RowBuilder") -> None:
         """Used chunks first, by order index, larger first within an order."""
         num_orders = len(self.orders)
         for j in range(self.num_chunks - 1):
@@ -326,8 +326,9 @@ def _combine(left: dict[int, float], right: dict[int, float], factor: float) -> 
     return out
 
 
-class _RowBuilder:
-    """Collects sparse rows; local to one :meth:`ExactModel.rows` call."""
+class RowBuilder:
+    """Collects sparse rows (column -> coefficient, bounds) for one model; zero
+    coefficients are dropped. Also builds the hipipe planner's sequence MIP."""
 
     def __init__(self) -> None:
         self.lower: list[float] = []

@@ -145,7 +145,7 @@ class SearchLog:
     floors: dict[int, float] = field(default_factory=dict)
     """The plan's chunked latency floors by K (one LP each; shared with the logs of its
     steps): every stage asks for them, often for the same K."""
-    enumerated: dict[tuple[object, ...], list["Candidate"]] = field(default_factory=dict)
+    enumerated: dict[tuple[object, ...], list[Candidate]] = field(default_factory=dict)
     """Every order multiset's candidate by (orders, K) (:mod:`.enumeration`): K = 2's pairs
     also choose the orders K = 3 combines."""
     sequence_mips: dict[tuple[object, ...], tuple[tuple[int, ...], ...] | None] = field(default_factory=dict)

@@ -28,6 +28,7 @@ import highspy
 import numpy as np
 
 from hipipe.bounds import new_highs
+from hipipe.planners.exact.model import RowBuilder, Rows
 from hipipe.planners.hipipe.candidates import (
     Candidate,
     SearchLog,
@@ -40,9 +41,6 @@ from hipipe.planners.hipipe.sequencing import Deadlock, end_times_s
 from hipipe.planners.hipipe.structure import OpTable, Order, op_table
 from hipipe.schedule import Collective
 from hipipe.topology import Topology
-
-Row = tuple[dict[int, float], float, float]
-"""A sparse row: column -> coefficient, lower and upper bound."""
 
 MAX_NODES_FEW = 100
 """Nodes per solve with 2 or 3 chunks (the polish solves up to five such per plan; on the
@@ -151,10 +149,11 @@ class _Model:
         """``-beta_o s_j(o)``, the size-dependent part of op o's duration, negated."""
         return {int(self.table.chunk[op]): -float(self.beta[op])}
 
-    def _rows(self) -> list[Row]:
+    def _rows(self) -> Rows:
         table = self.table
         length = table.chain_length
-        rows: list[Row] = [({j: 1.0 for j in range(self.num_chunks)}, 1.0, 1.0)]
+        builder = RowBuilder()
+        builder.add({j: 1.0 for j in range(self.num_chunks)}, 1.0, 1.0)
         for op in range(table.num_ops):
             # The next op of the chain (after a hand-off if it changes dim), or T, waits for op.
             if (op + 1) % length:
@@ -162,14 +161,14 @@ class _Model:
             else:
                 after, extra = self.makespan_col, 0.0
             terms = {after: 1.0, self.t0 + op: -1.0, **self._minus_size_term(op)}
-            rows.append((terms, float(self.alpha[op]) + extra, np.inf))
+            builder.add(terms, float(self.alpha[op]) + extra, np.inf)
         for i, (a, b) in enumerate(self.pairs):
             x = self.x0 + i
             # x = 1: a then b (t_b >= t_a + d_a); x = 0: b then a (t_a >= t_b + d_b).
             a_first = {self.t0 + b: 1.0, self.t0 + a: -1.0, x: -1.0, **self._minus_size_term(a)}
             b_first = {self.t0 + a: 1.0, self.t0 + b: -1.0, x: 1.0, **self._minus_size_term(b)}
-            rows.append((a_first, float(self.alpha[a]) - 1.0, np.inf))
-            rows.append((b_first, float(self.alpha[b]), np.inf))
+            builder.add(a_first, float(self.alpha[a]) - 1.0, np.inf)
+            builder.add(b_first, float(self.alpha[b]), np.inf)
         groups = [np.flatnonzero(table.dim == k) for k in range(table.num_dims)]
         groups += [np.flatnonzero(table.chunk == j) for j in range(self.num_chunks)]
         for group in groups:
@@ -178,12 +177,12 @@ class _Model:
             for op in group.tolist():
                 for column, value in self._minus_size_term(op).items():
                     cut[column] = cut.get(column, 0.0) + value
-            rows.append((cut, float(self.alpha[group].sum()), np.inf))
+            builder.add(cut, float(self.alpha[group].sum()), np.inf)
         for j, j2 in itertools.combinations(range(self.num_chunks), 2):
             between = self.orders[j + 1 : j2]
             if self.orders[j] == self.orders[j2] and self.orders[j] not in between:
-                rows.append(({j: 1.0, j2: -1.0}, 0.0, np.inf))  # symmetry: same order, larger first
-        return rows
+                builder.add({j: 1.0, j2: -1.0}, 0.0, np.inf)  # symmetry: same order, larger first
+        return builder.build()
 
     def solver(self, max_nodes: int) -> Any:
         """A HiGHS instance holding the model, bounded by ``max_nodes``."""
@@ -207,23 +206,8 @@ class _Model:
         integer[self.x0 : self.makespan_col] = 1
         solver.changeColsIntegrality(self.num_cols, np.arange(self.num_cols, dtype=np.int32), integer)
         rows = self._rows()
-        starts: list[int] = []
-        index: list[int] = []
-        value: list[float] = []
-        for terms, _, _ in rows:
-            starts.append(len(index))
-            for column, coefficient in terms.items():
-                if coefficient != 0.0:
-                    index.append(column)
-                    value.append(coefficient)
         solver.addRows(
-            len(rows),
-            np.array([lo for _, lo, _ in rows]),
-            np.array([hi for _, _, hi in rows]),
-            len(index),
-            np.array(starts, dtype=np.int32),
-            np.array(index, dtype=np.int32),
-            np.array(value),
+            len(rows.lower), rows.lower, rows.upper, len(rows.index), rows.starts, rows.index, rows.value
         )
         return solver
 
