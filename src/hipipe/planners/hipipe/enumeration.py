@@ -7,19 +7,28 @@ changes one chunk's order at a time and judges each change by list-scheduled seq
 and those optima were two changes away, through plans that look worse before their
 sequences are nested. Chunks are interchangeable, so the candidates are the multisets of
 K orders: 300 pairs on 4 dims, 56 triples on 3 dims, and on 4 dims triples of the orders
-that make the best pairs. Each is list-scheduled (the nested and the basic rules) and sized
-by one LP, and the fastest few go through the binding-pair swaps and the nested descent;
-the search then re-solves their sequences by MIP (:mod:`.sequence_mip`).
+that make the best pairs.
+
+Each multiset is first *screened* without an LP: list-scheduled (the nested and the basic
+rule) at equal chunk sizes, then the nested descent at those op durations, judged by the
+longest path (:func:`.local_search.nested_descent_timed`). Judged by LP-sized list
+schedules instead, the proven optimum's triple ranked 5th to 17th of 120 on two 4-dim
+networks (its sequences are nested, with chunks entering each dim in different orders);
+screened, it ranked 2nd on one of them. The :data:`SCREENED` best are sized by one LP
+each, and the fastest few go through the binding-pair swaps and the nested descent; the
+search then re-solves their sequences by MIP (:mod:`.sequence_mip`).
 """
 
 import itertools
 import math
 from dataclasses import replace
 
-from hipipe.planners.hipipe.candidates import Candidate, SearchLog, SearchOptions, candidate_for
-from hipipe.planners.hipipe.local_search import nested_descent, swap_critical_pairs
-from hipipe.planners.hipipe.sequencing import Rule
-from hipipe.planners.hipipe.structure import Order
+import numpy as np
+
+from hipipe.planners.hipipe.candidates import Candidate, SearchLog, SearchOptions, optimize_structure
+from hipipe.planners.hipipe.local_search import nested_descent, nested_descent_timed, swap_critical_pairs
+from hipipe.planners.hipipe.sequencing import NESTED_RULES, Rule, list_schedule, longest_path_s
+from hipipe.planners.hipipe.structure import Order, Structure, op_table
 from hipipe.topology import Topology
 
 MAX_COMBINATIONS = 300
@@ -30,17 +39,23 @@ MAX_CHUNKS = 3
 """...and at most this many chunks: K = 4 on 3 dims (126 multisets, then a MIP per kept
 one) took plan time from 1-2 s to 5-7 s and moved none of the generated networks."""
 
-KEPT = 4
-"""The fastest multisets that go on to the local search (on the generated networks the
-optimum's multiset ranked at most 4th before its sequences were nested and re-solved)."""
+SCREENED = 24
+"""Screened multisets sized by LP (two or three LPs each; before the screen every multiset
+had its LP: 300 pairs cost about 1 s on a 2-core host, their screen 0.2 s). On a 4-dim
+network the triple that reaches the best plan after the MIP ranked 20th screened."""
 
-POOL_ORDERS = 8
-"""Orders pooled from the best pairs where all multisets would be too many (120 multisets
-of 3 out of 8)."""
+KEPT = 4
+"""The fastest sized multisets that go on to the local search and the sequence MIP."""
+
+POOL_ORDERS = 12
+"""Orders pooled from the best screened pairs where all multisets would be too many (364
+multisets of 3 out of 12, screened in about 0.3 s). On a generated 4-dim network the best
+triple known has an order that comes 9th in the screened pairs."""
 
 RULES: tuple[Rule, ...] = (Rule.NESTED, Rule.FIFO)
-"""Nested first (the proven optima at K <= 4 are mostly nested on every dim) and FIFO: on
-the generated networks the four climb rules found nothing these two did not, at twice the LPs."""
+"""The screen's list schedules: nested (the proven optima at K <= 4 are mostly nested on
+every dim; the descent starts from it) and FIFO (some are not: one 4-dim optimum runs
+``1R 1A 2R 2A 0R 0A`` on a dim). The four climb rules found nothing these two did not."""
 
 
 def combinations(num_orders: int, num_chunks: int) -> int:
@@ -62,8 +77,9 @@ def enumerated_candidates(
 
     The orders are all D! of them when that makes at most :data:`MAX_COMBINATIONS`
     multisets; otherwise (K = 3 on 4 dims: 2600) the :data:`POOL_ORDERS` orders of the
-    fastest pairs (K = 2, every pair): the proven optima at K = 3 on 4 dims are made of
-    orders that also pair well (libra-4d at 1 GiB: all three among the 8 of the best pairs).
+    best screened pairs: the proven optima at K = 3 on 4 dims are made of orders that also
+    pair well (libra-4d at 1 GiB, and the generated networks checked: all three among the
+    12 of the best pairs).
     """
     if not 2 <= num_chunks <= MAX_CHUNKS:
         return []
@@ -71,8 +87,8 @@ def enumerated_candidates(
     if combinations(len(orders), num_chunks) > MAX_COMBINATIONS:
         if combinations(len(orders), 2) > MAX_COMBINATIONS:
             return []
-        orders = _pool(topology, message_bytes, orders, options=options, unit_s=unit_s, log=log)
-    scored = _scored(topology, message_bytes, orders, num_chunks, options=options, unit_s=unit_s, log=log)
+        orders = _pool(topology, message_bytes, orders, options=options, log=log)
+    sized = _sized(topology, message_bytes, orders, num_chunks, options=options, unit_s=unit_s, log=log)
     finished = [
         nested_descent(
             topology,
@@ -81,12 +97,51 @@ def enumerated_candidates(
             unit_s=unit_s,
             log=log,
         )
-        for candidate in scored[:KEPT]
+        for candidate in sized[:KEPT]
     ]
     return sorted(finished, key=lambda c: c.makespan_s)
 
 
-def _scored(
+def _screened(
+    topology: Topology,
+    message_bytes: int,
+    orders: list[Order],
+    num_chunks: int,
+    *,
+    options: SearchOptions,
+    log: SearchLog,
+) -> list[Candidate]:
+    """Every multiset of ``num_chunks`` of ``orders`` with its best screened sequences at
+    equal sizes (no LP: ``lp_makespan_s`` is None), fastest first, ties in enumeration
+    order. Kept in ``log``: K = 2's pairs also choose the pool of K = 3."""
+    key = ("screened", tuple(orders), num_chunks)
+    if key not in log.enumerated:
+        equal = np.full(num_chunks, message_bytes / num_chunks)
+        screened: list[Candidate] = []
+        for combo in itertools.combinations_with_replacement(orders, num_chunks):
+            table = op_table(topology, combo, options.collective)
+            durations = table.durations_s(equal)
+            best: tuple[float, tuple[tuple[int, ...], ...]] | None = None
+            for rule in RULES:
+                sequences = list_schedule(table, durations, rule)
+                if rule in NESTED_RULES:
+                    sequences, makespan_s = nested_descent_timed(table, durations, sequences)
+                else:
+                    makespan_s = longest_path_s(table, durations, sequences)
+                if best is None or makespan_s < best[0]:
+                    best = (makespan_s, sequences)
+            assert best is not None
+            structure = Structure(
+                orders=combo, sequences=best[1], source="enumerated", collective=options.collective
+            )
+            screened.append(
+                Candidate(structure=structure, sizes_bytes=equal, makespan_s=best[0], lp_makespan_s=None)
+            )
+        log.enumerated[key] = sorted(screened, key=lambda c: c.makespan_s)
+    return log.enumerated[key]
+
+
+def _sized(
     topology: Topology,
     message_bytes: int,
     orders: list[Order],
@@ -96,25 +151,33 @@ def _scored(
     unit_s: float,
     log: SearchLog,
 ) -> list[Candidate]:
-    """Every multiset of ``num_chunks`` of ``orders``, list-scheduled and sized by one LP,
-    fastest first (ties in enumeration order). Pairs are kept in ``log`` for the pool."""
-    key = (tuple(orders), num_chunks)
+    """The :data:`SCREENED` best screened multisets, each sized by LP on its screened
+    sequences and the list schedules of :data:`RULES`; fastest first."""
+    key = ("sized", tuple(orders), num_chunks)
     if key not in log.enumerated:
         single_lp = replace(options, max_rounds=0)
-        scored = [
-            candidate_for(
-                topology,
-                message_bytes,
-                "enumerated",
-                combo,
-                options=single_lp,
-                unit_s=unit_s,
-                log=log,
-                rules=RULES,
+        sized = []
+        for screened in _screened(topology, message_bytes, orders, num_chunks, options=options, log=log)[
+            :SCREENED
+        ]:
+            orders_of = screened.structure.orders
+            table = op_table(topology, orders_of, options.collective)
+            durations = table.durations_s(screened.sizes_bytes)
+            sequences = [screened.structure.sequences, *(list_schedule(table, durations, r) for r in RULES)]
+            sized.append(
+                optimize_structure(
+                    topology,
+                    message_bytes,
+                    orders_of,
+                    list(dict.fromkeys(sequences)),
+                    source="enumerated",
+                    options=single_lp,
+                    unit_s=unit_s,
+                    log=log,
+                    resequence=False,
+                )
             )
-            for combo in itertools.combinations_with_replacement(orders, num_chunks)
-        ]
-        log.enumerated[key] = sorted(scored, key=lambda c: c.makespan_s)
+        log.enumerated[key] = sorted(sized, key=lambda c: c.makespan_s)
     return log.enumerated[key]
 
 
@@ -124,12 +187,11 @@ def _pool(
     orders: list[Order],
     *,
     options: SearchOptions,
-    unit_s: float,
     log: SearchLog,
 ) -> list[Order]:
-    """The first :data:`POOL_ORDERS` distinct orders of the fastest pairs."""
+    """The first :data:`POOL_ORDERS` distinct orders of the best screened pairs."""
     pool: list[Order] = []
-    for candidate in _scored(topology, message_bytes, orders, 2, options=options, unit_s=unit_s, log=log):
+    for candidate in _screened(topology, message_bytes, orders, 2, options=options, log=log):
         for order in candidate.structure.orders:
             if order not in pool:
                 pool.append(order)
