@@ -7,7 +7,8 @@
 - :mod:`.families` -- which chunk orders to try for a given number of chunks
 - :mod:`.search` -- the chunk-number ladder, floors and the plan-time budget
 - :mod:`.local_search` -- order climbing for few-chunk plans
-- :mod:`.enumeration` -- every order multiset of K <= 3 chunks where there are few enough
+- :mod:`.enumeration` -- every order multiset of K <= 3 chunks where there are few enough,
+  screened without LPs
 - :mod:`.sequence_mip` -- optimal per-dim sequences for fixed orders (a small MIP, K <= 4)
 - :mod:`.splitting` -- larger K seeded from the best plan by splitting its chunks (the ramp)
 - :mod:`.seeds` -- the baselines' own structures, re-sized (never worse than them)

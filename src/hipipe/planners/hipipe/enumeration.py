@@ -39,18 +39,17 @@ MAX_CHUNKS = 3
 """...and at most this many chunks: K = 4 on 3 dims (126 multisets, then a MIP per kept
 one) took plan time from 1-2 s to 5-7 s and moved none of the generated networks."""
 
-SCREENED = 24
+SCREENED = 16
 """Screened multisets sized by LP (two or three LPs each; before the screen every multiset
-had its LP: 300 pairs cost about 1 s on a 2-core host, their screen 0.2 s). On a 4-dim
-network the triple that reaches the best plan after the MIP ranked 20th screened."""
+had its LP: 300 pairs cost about 1 s on a 2-core host, their screen 0.2 s)."""
 
 KEPT = 4
 """The fastest sized multisets that go on to the local search and the sequence MIP."""
 
-POOL_ORDERS = 12
-"""Orders pooled from the best screened pairs where all multisets would be too many (364
-multisets of 3 out of 12, screened in about 0.3 s). On a generated 4-dim network the best
-triple known has an order that comes 9th in the screened pairs."""
+POOL_ORDERS = 10
+"""Orders pooled from the best screened pairs where all multisets would be too many (220
+multisets of 3 out of 10). On a generated 4-dim network the best triple known has an
+order that comes 9th in the screened pairs."""
 
 RULES: tuple[Rule, ...] = (Rule.NESTED, Rule.FIFO)
 """The screen's list schedules: nested (the proven optima at K <= 4 are mostly nested on
@@ -79,7 +78,7 @@ def enumerated_candidates(
     multisets; otherwise (K = 3 on 4 dims: 2600) the :data:`POOL_ORDERS` orders of the
     best screened pairs: the proven optima at K = 3 on 4 dims are made of orders that also
     pair well (libra-4d at 1 GiB, and the generated networks checked: all three among the
-    12 of the best pairs).
+    10 of the best pairs).
     """
     if not 2 <= num_chunks <= MAX_CHUNKS:
         return []
