@@ -167,17 +167,9 @@ def _sized(
             orders_of = screened.structure.orders
             table = op_table(topology, orders_of, options.collective)
             durations = table.durations_s(screened.sizes_bytes)
-            sequences = [screened.structure.sequences, *(list_schedule(table, durations, r) for r in RULES)]
-            candidate = optimize_structure(
-                topology,
-                message_bytes,
-                orders_of,
-                list(dict.fromkeys(sequences)),
-                source="enumerated",
-                options=single_lp,
-                unit_s=unit_s,
-                log=log,
-                resequence=False,
+            first = [screened.structure.sequences, *(list_schedule(table, durations, r) for r in RULES)]
+            candidate = _lp_sized(
+                topology, message_bytes, orders_of, first, options=single_lp, unit_s=unit_s, log=log
             )
             if candidate.structure.num_chunks == num_chunks:
                 # The screen's sequences were chosen for equal sizes: choose again for these.
@@ -185,21 +177,43 @@ def _sized(
                     table, table.durations_s(candidate.sizes_bytes), candidate.structure.sequences
                 )
                 if resequenced != candidate.structure.sequences:
-                    again = optimize_structure(
+                    again = _lp_sized(
                         topology,
                         message_bytes,
                         orders_of,
                         [resequenced],
-                        source="enumerated",
                         options=single_lp,
                         unit_s=unit_s,
                         log=log,
-                        resequence=False,
                     )
                     candidate = again if better(candidate, again) else candidate
             sized.append(candidate)
         log.enumerated[key] = sorted(sized, key=lambda c: c.makespan_s)
     return log.enumerated[key]
+
+
+def _lp_sized(
+    topology: Topology,
+    message_bytes: int,
+    orders: tuple[Order, ...],
+    sequences: list[tuple[tuple[int, ...], ...]],
+    *,
+    options: SearchOptions,
+    unit_s: float,
+    log: SearchLog,
+) -> Candidate:
+    """The best of ``sequences`` (duplicates dropped), each sized by one LP."""
+    return optimize_structure(
+        topology,
+        message_bytes,
+        orders,
+        list(dict.fromkeys(sequences)),
+        source="enumerated",
+        options=options,
+        unit_s=unit_s,
+        log=log,
+        resequence=False,
+    )
 
 
 def _pool(
