@@ -146,8 +146,8 @@ class SearchLog:
     """The plan's chunked latency floors by K (one LP each; shared with the logs of its
     steps): every stage asks for them, often for the same K."""
     enumerated: dict[tuple[object, ...], list[Candidate]] = field(default_factory=dict)
-    """Every order multiset's candidate by (orders, K) (:mod:`.enumeration`): K = 2's pairs
-    also choose the orders K = 3 combines."""
+    """The enumeration's screened and LP-sized multisets by (stage, orders, K)
+    (:mod:`.enumeration`): K = 2's screened pairs also choose the orders K = 3 combines."""
     sequence_mips: dict[tuple[object, ...], tuple[tuple[int, ...], ...] | None] = field(default_factory=dict)
     """Sequence-MIP results (:mod:`.sequence_mip`) by their inputs: the settled plans of
     consecutive Ks are often the same plan, and a MIP costs a few hundred milliseconds."""

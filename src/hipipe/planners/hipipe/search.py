@@ -507,10 +507,11 @@ def _polished(
                 makespan_s=enumerated[0].makespan_s,
             )
         )
+    ordered = sorted([best, *enumerated], key=lambda c: c.makespan_s)
+    # A start further behind than the polish has ever gained is not worth its MIP.
+    lead_s = ordered[0].makespan_s * (1 + POLISH_WINDOW)
     starts: list[Candidate] = []
-    for candidate in sorted([best, *enumerated], key=lambda c: c.makespan_s):
-        # A start further behind than the polish has ever gained is not worth its MIP.
-        lead_s = (starts[0].makespan_s if starts else candidate.makespan_s) * (1 + POLISH_WINDOW)
+    for candidate in ordered:
         if candidate.makespan_s <= lead_s and all(
             candidate.structure.orders != s.structure.orders for s in starts
         ):
