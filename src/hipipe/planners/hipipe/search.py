@@ -4,7 +4,9 @@ For each K on a geometric ladder, every order family (:mod:`.families`) is turne
 its best candidate (:mod:`.candidates`: list-scheduled sequences, LP sizes, re-sequencing
 rounds, empty chunks dropped). The ladder stops when K stops improving, when the chunked
 latency floor (:func:`hipipe.bounds.chunked_bound_s`) says no larger K can win, or when
-the plan-time budget is spent; a K = 32 probe then lets the LP pick which chunks to keep,
+the plan-time budget is spent. When its best has more than 4 chunks, a sweep builds every
+K from 5 to 16 with every family and swaps the fastest (:func:`_sweep`); a K = 32 probe
+then lets the LP pick which chunks to keep,
 a few-chunk winner is polished by local search over its orders, binding sequence pairs are
 swapped (warm LP re-solves) and per-dim sequences nested (:mod:`.local_search`). Every
 K <= AT_MOST_MAX_CHUNKS is run in a log of its own, with the previous K's best plus a
@@ -525,6 +527,77 @@ def _polished(
     return _fastest([best, *polished])
 
 
+SWEEP_CHUNKS: tuple[int, ...] = tuple(range(AT_MOST_MAX_CHUNKS + 1, FULL_ROUNDS_MAX_CHUNKS + 1))
+"""The Ks the sweep builds with every family, when the ladder's best has more than
+:data:`AT_MOST_MAX_CHUNKS` chunks. The ladder's geometric steps and the retirement of
+families skip most of them, and the plans there are far apart: on libra-4d at 1 GiB the
+Themis-greedy orders at K = 7 swap to 4.709 ms, while the ladder (K = 6, 8, 12, with
+greedy retired at K = 4) and its splits ended at 5.182 ms; at K = 6 and 8 the same
+family swaps to 5.31 and 5.64 ms."""
+
+SWEEP_SWAPPED = 6
+"""The sweep's fastest distinct structures (with the ladder's own at those Ks) whose
+binding pairs are swapped: the winners on 24 generated networks ranked up to 5th before
+their swaps (with three swapped and one re-sequencing round, 9 of their 12 gains were lost)."""
+
+
+def _sweep(
+    topology: Topology,
+    message_bytes: int,
+    mix: OrderMix,
+    pool: list[Candidate],
+    ladder: list[Trial],
+    *,
+    options: SearchOptions,
+    unit_s: float,
+    log: SearchLog,
+) -> Candidate | None:
+    """The fastest of :data:`SWEEP_SWAPPED` structures after :func:`swap_critical_pairs`:
+    every family (none retired) at every K of :data:`SWEEP_CHUNKS` that the ladder did
+    not build (its trials: ``ladder``), and the ladder's own candidates at those Ks
+    (``pool``). Trials and LP work go to ``log``."""
+    built = {(trial.num_chunks, trial.source) for trial in ladder if trial.makespan_s is not None}
+    found = [c for c in pool if c.structure.num_chunks > AT_MOST_MAX_CHUNKS]
+    built |= {(c.structure.num_chunks, c.structure.source) for c in found}
+    for num_chunks in SWEEP_CHUNKS:
+        if num_chunks * options.collective.moves_per_byte * topology.num_dims > MAX_OPS:
+            break
+        for source, orders in families(
+            topology, message_bytes, mix, num_chunks, ascending_only=False, collective=options.collective
+        ):
+            if (num_chunks, source) in built or source in FEW_CHUNK_FAMILIES:
+                continue
+            try:
+                candidate = candidate_for(
+                    topology, message_bytes, source, orders, options=options, unit_s=unit_s, log=log
+                )
+            except SolverError as error:
+                log.tried.append(Trial(num_chunks=num_chunks, source=source, error=str(error)))
+                continue
+            log.tried.append(
+                Trial(
+                    num_chunks=num_chunks,
+                    kept_chunks=candidate.structure.num_chunks,
+                    source=source,
+                    makespan_s=candidate.makespan_s,
+                )
+            )
+            found.append(candidate)
+    distinct: list[Candidate] = []
+    for candidate in sorted(found, key=lambda c: c.makespan_s):
+        if all(
+            candidate.structure.orders != c.structure.orders
+            or candidate.structure.sequences != c.structure.sequences
+            for c in distinct
+        ):
+            distinct.append(candidate)
+    swapped: list[Candidate | None] = [
+        _polish(swap_critical_pairs, "swap", topology, message_bytes, c, unit_s=unit_s, log=log)
+        for c in distinct[:SWEEP_SWAPPED]
+    ]
+    return _fastest(swapped)
+
+
 def _checked(best: Candidate | None, log: SearchLog) -> Candidate:
     """``best``, or the last LP failure as a :class:`SolverError` if there is none."""
     if best is None:
@@ -619,6 +692,23 @@ def _search_ladder(
                 continue  # every small K is settled: no early stop before them
             if misses >= (options.patience if num_chunks <= FULL_ROUNDS_MAX_CHUNKS else 1):
                 break
+    sweep_log: SearchLog | None = None
+    if (
+        best is not None
+        and options.searches_chunks
+        and options.climb
+        and _requested_chunks(log, best) > AT_MOST_MAX_CHUNKS
+    ):
+        # Pipelining pays: every K between the few-chunk range and the full-rounds range,
+        # every family, in a log of its own (its LP work is recorded at the end, like the
+        # settling's, so the splits keep their budget).
+        sweep_log = SearchLog(budget=options.lp_work_budget, floors=log.floors)
+        swept = _sweep(
+            topology, message_bytes, mix, pool, log.tried, options=options, unit_s=unit_s, log=sweep_log
+        )
+        log.tried.extend(sweep_log.tried)
+        if swept is not None and better(best, swept):
+            best = swept
     if best is not None and options.searches_chunks and _requested_chunks(log, best) >= PROBE_MIN_CHUNKS:
         # Probes: many chunks, one round. The LP empties the chunks it does not want and
         # they are dropped, so a large K lets the LP choose which chunks to keep: it finds
@@ -686,4 +776,8 @@ def _search_ladder(
         )
     for step in steps:
         _absorb(log, step)  # the LP work of the small Ks, settling included
+    if sweep_log is not None:
+        log.lp_solves += sweep_log.lp_solves
+        log.simplex_iterations += sweep_log.simplex_iterations
+        log.lp_work += sweep_log.lp_work
     return best, baselines
