@@ -501,11 +501,10 @@ def test_two_chunks_climb_the_runner_up_too_on_libra_4d():
 def test_search_is_not_beaten_by_a_k_its_ladder_skips():
     """libra-4d at 1 GiB: the ladder tries K = 6, 8, 12 (and had retired Themis' greedy
     orders at K = 4); forced to K = 7, hipipe swaps the greedy orders to 4.709 ms, and the
-    search ended at 5.182 ms. The sweep of every K from 5 to 16 with every family keeps the
-    search within 0.5% of any forced K there; checked at K = 6, 7 and 8."""
+    search ended at 5.182 ms. The sweep of every K from 5 to 16 with every family brings the
+    search within 0.5% of forced K = 7 (K = 6 and 8 forced: 5.22 and 5.41 ms)."""
     topology = PRESETS["libra-4d"]()
     searched = plan(topology, 1024 * MIB, "hipipe")
     assert_valid(searched, 1024 * MIB)
-    for num_chunks in (6, 7, 8):
-        forced = plan(topology, 1024 * MIB, "hipipe", num_chunks=num_chunks)
-        assert searched.makespan_s <= forced.makespan_s * 1.005, num_chunks
+    forced = plan(topology, 1024 * MIB, "hipipe", num_chunks=7)
+    assert searched.makespan_s <= forced.makespan_s * 1.005
