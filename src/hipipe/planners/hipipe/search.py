@@ -77,6 +77,38 @@ RETIRE_STRIKES = 2
 larger K: its LPs are better spent on the families that work for this network."""
 
 
+def _logged_candidate(
+    topology: Topology,
+    message_bytes: int,
+    source: str,
+    orders: tuple[tuple[int, ...], ...],
+    num_chunks: int,
+    *,
+    options: SearchOptions,
+    unit_s: float,
+    log: SearchLog,
+) -> Candidate | None:
+    """:func:`.candidates.candidate_for`, logged in ``log.tried`` under ``num_chunks`` (the
+    K asked for); None when its LP failed: one structure's LP failing is no reason to fail
+    the plan, so it is skipped and the error recorded."""
+    try:
+        candidate = candidate_for(
+            topology, message_bytes, source, orders, options=options, unit_s=unit_s, log=log
+        )
+    except SolverError as error:
+        log.tried.append(Trial(num_chunks=num_chunks, source=source, error=str(error)))
+        return None
+    log.tried.append(
+        Trial(
+            num_chunks=num_chunks,
+            kept_chunks=candidate.structure.num_chunks,
+            source=source,
+            makespan_s=candidate.makespan_s,
+        )
+    )
+    return candidate
+
+
 def _best_for_chunks(
     topology: Topology,
     message_bytes: int,
@@ -111,28 +143,18 @@ def _best_for_chunks(
     ):
         if retire and source in strikes.retired:
             continue
-        try:
-            candidate = candidate_for(
-                topology,
-                message_bytes,
-                source,
-                orders,
-                options=replace(options, max_rounds=rounds),
-                unit_s=unit_s,
-                log=log,
-            )
-        except SolverError as error:
-            # One structure's LP failing is no reason to fail the plan: skip it, say so.
-            log.tried.append(Trial(num_chunks=num_chunks, source=source, error=str(error)))
-            continue
-        log.tried.append(
-            Trial(
-                num_chunks=num_chunks,
-                kept_chunks=candidate.structure.num_chunks,
-                source=source,
-                makespan_s=candidate.makespan_s,
-            )
+        candidate = _logged_candidate(
+            topology,
+            message_bytes,
+            source,
+            orders,
+            num_chunks,
+            options=replace(options, max_rounds=rounds),
+            unit_s=unit_s,
+            log=log,
         )
+        if candidate is None:
+            continue
         results[source] = candidate.makespan_s
         if pool is not None:
             pool.append(candidate)
@@ -567,22 +589,11 @@ def _sweep(
         ):
             if (num_chunks, source) in built or source in FEW_CHUNK_FAMILIES:
                 continue
-            try:
-                candidate = candidate_for(
-                    topology, message_bytes, source, orders, options=options, unit_s=unit_s, log=log
-                )
-            except SolverError as error:
-                log.tried.append(Trial(num_chunks=num_chunks, source=source, error=str(error)))
-                continue
-            log.tried.append(
-                Trial(
-                    num_chunks=num_chunks,
-                    kept_chunks=candidate.structure.num_chunks,
-                    source=source,
-                    makespan_s=candidate.makespan_s,
-                )
+            candidate = _logged_candidate(
+                topology, message_bytes, source, orders, num_chunks, options=options, unit_s=unit_s, log=log
             )
-            found.append(candidate)
+            if candidate is not None:
+                found.append(candidate)
     distinct: list[Candidate] = []
     for candidate in sorted(found, key=lambda c: c.makespan_s):
         if all(
