@@ -585,7 +585,12 @@ def _sweep(
         if num_chunks * options.collective.moves_per_byte * topology.num_dims > MAX_OPS:
             break
         for source, orders in families(
-            topology, message_bytes, mix, num_chunks, ascending_only=False, collective=options.collective
+            topology,
+            message_bytes,
+            mix,
+            num_chunks,
+            ascending_only=options.ascending_only,
+            collective=options.collective,
         ):
             if (num_chunks, source) in built or source in FEW_CHUNK_FAMILIES:
                 continue
