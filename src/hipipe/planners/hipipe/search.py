@@ -30,6 +30,7 @@ from hipipe.errors import SolverError
 from hipipe.planners.hipipe.candidates import (
     IMPROVEMENT,
     LADDER_SHARE,
+    SPLIT_SHARE,
     Candidate,
     SearchLog,
     SearchOptions,
@@ -719,6 +720,10 @@ def _search_ladder(
         # every family, in a log of its own (its LP work is recorded at the end, like the
         # settling's, so the splits keep their budget).
         sweep_log = SearchLog(budget=options.lp_work_budget, floors=log.floors)
+        # The whole plan budget, in its own log: at the default stage limit (half of it) the
+        # sweep's last Ks were built without re-sequencing rounds, and on a generated 3-dim
+        # network at 1 GiB the greedy orders at K = 16 came out at 3.666 ms instead of 3.283 ms.
+        sweep_log.allow(SPLIT_SHARE)
         swept = _sweep(
             topology, message_bytes, mix, pool, log.tried, options=options, unit_s=unit_s, log=sweep_log
         )
