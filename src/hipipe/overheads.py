@@ -39,6 +39,14 @@ calibrate`` can measure it and every consumer charges the same thing:
   ``m / (D - 1)`` of the difference (with busy curves the scalar concurrency slowdown
   is not fitted: on a 2-core host the contention is for the cores, so it is large for
   small ops and small for large ones). Not linear: the LP and the simulator keep the lines.
+- ``host_cores``, ``host_ranks``, ``cpu_step_s``, ``cpu_byte_s``: the host's CPU. Every
+  ring step of an op costs a rank ``cpu_step_s`` of CPU (threads woken, system calls)
+  and every byte it sends ``cpu_byte_s`` (copies, the kernel's network stack, the
+  reduction); ``host_ranks`` ranks share ``host_cores`` CPUs, so no schedule ends before
+  its whole CPU work, ``host_ranks * sum over its ops``, divided by ``host_cores``. On a
+  host with a core or more per rank this never binds; on the 2-core testbed (8 ranks) it
+  is what a many-op schedule takes (Themis' 64 chunks kept both cores 94-99% busy). A
+  bound on the whole run, not a cost of one op: :mod:`hipipe.predict` applies it.
 
 All default to zero: a topology without ``overheads`` is the plain alpha-beta model.
 """
@@ -152,6 +160,14 @@ class Overheads:
     jitter_s: float = 0.0
     op_curves: tuple[OpCurve, ...] = ()
     """Measured streamed op times per (dim, phase); empty: every op follows its line."""
+    host_cores: float = 0.0
+    """CPUs the ranks of one host share (0: the host's CPU is not charged)."""
+    host_ranks: float = 0.0
+    """Ranks on that host."""
+    cpu_step_s: float = 0.0
+    """Host CPU seconds one rank spends per ring step of an op."""
+    cpu_byte_s: float = 0.0
+    """Host CPU seconds one rank spends per byte it sends (``(n-1)/n`` of the op's bytes)."""
 
     def __post_init__(self) -> None:
         curves = tuple(self.op_curves)
@@ -184,7 +200,22 @@ class Overheads:
     @property
     def is_linear(self) -> bool:
         """True when the LP and the deterministic simulator charge every term exactly."""
-        return self.concurrency_slowdown == 0 and self.jitter_s == 0 and not self.op_curves
+        return (
+            self.concurrency_slowdown == 0
+            and self.jitter_s == 0
+            and not self.op_curves
+            and not self.charges_cpu
+        )
+
+    @property
+    def charges_cpu(self) -> bool:
+        """Whether the host's CPU bounds a run (:func:`hipipe.predict.cpu_bound_s`)."""
+        return self.host_cores > 0 and self.host_ranks > 0 and (self.cpu_step_s > 0 or self.cpu_byte_s > 0)
+
+    def op_cpu_s(self, group_npus: int, full_bytes: float) -> float:
+        """One rank's CPU for one ring op over ``group_npus`` ranks on ``full_bytes``."""
+        steps = group_npus - 1
+        return steps * self.cpu_step_s + steps / group_npus * full_bytes * self.cpu_byte_s
 
     def curve(self, dim: int, phase: str, *, busy: bool = False) -> OpCurve | None:
         """The measured curve of ``phase`` ops on ``dim`` (alone, or with every other dim busy)."""
@@ -239,6 +270,11 @@ class Overheads:
             parts.append(f"+{100 * self.concurrency_slowdown:.3g}% per other busy dim")
         if self.jitter_s:
             parts.append(f"{self.jitter_s * 1e3:.3g} ms mean jitter")
+        if self.charges_cpu:
+            parts.append(
+                f"{self.host_ranks:g} ranks on {self.host_cores:g} CPUs"
+                f" ({self.cpu_step_s * 1e3:.3g} ms/step, {self.cpu_byte_s * 1e9:.3g} s/GB)"
+            )
         if self.op_curves:
             busy = " (alone and with the other dims busy)" if any(c.busy for c in self.op_curves) else ""
             parts.append(f"streamed op times measured on {len({c.dim for c in self.op_curves})} dims{busy}")

@@ -12,6 +12,7 @@ from datetime import timedelta
 
 from hipipe.cli.common import add_jobs_argument, check_output_path, jobs_from_args, stdout_console
 from hipipe.files import atomic_write_text
+from hipipe.hostcpu import usable_cores
 from hipipe.repeats import DEFAULT_MAX_REPEATS, DEFAULT_PRECISION, jobs_problem
 from hipipe.report.bench import describe_calibration
 from hipipe.testbed.fit import (
@@ -166,5 +167,12 @@ def _under_torchrun(
         dist.destroy_process_group()
     if rank != 0:
         return None, ""
-    calibration = calibration_from_samples(sizes, samples, overhead=overhead)
+    # Rank 0's host: LOCAL_WORLD_SIZE ranks (torchrun sets it) share its CPUs.
+    calibration = calibration_from_samples(
+        sizes,
+        samples,
+        overhead=overhead,
+        host_ranks=int(os.environ.get("LOCAL_WORLD_SIZE", "0")),
+        host_cores=usable_cores(),
+    )
     return calibration, f"torchrun world {args.shape}"

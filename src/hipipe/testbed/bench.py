@@ -23,6 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from hipipe.files import scratch_dir
+from hipipe.hostcpu import usable_cores
 from hipipe.planners import BASELINES, plan
 from hipipe.predict import predicted_s
 from hipipe.repeats import RepeatRule
@@ -220,7 +221,10 @@ def calibrate_testbed(
             op_times_s=measured.op_times_s,
             memory_bytes_per_s=measured.memory_bytes_per_s,
         )
-    return calibration_from_samples(layout.sizes, samples.samples, overhead=run)
+    # Every rank runs on this host: they share its CPUs (the host term, docs/MODEL.md section 10).
+    return calibration_from_samples(
+        layout.sizes, samples.samples, overhead=run, host_ranks=layout.num_ranks, host_cores=usable_cores()
+    )
 
 
 def _calibrate(

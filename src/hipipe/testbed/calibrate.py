@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from hipipe.errors import HipipeError
+from hipipe.hostcpu import busy_cpu_s
 from hipipe.repeats import RepeatRule
 from hipipe.schedule import Schedule
 from hipipe.testbed.fit import (
@@ -50,7 +51,11 @@ def measure_in_process(
     Every sample is the maximum over ranks (the op ends when its slowest rank ends) of a
     *streamed* run: ops back to back on the ring, as a schedule runs them on a dimension,
     timed together and divided by their number. On a shared host a lone op and a
-    streamed one differ (docs/MODEL.md section 10), and schedules stream.
+    streamed one differ (docs/MODEL.md section 10), and schedules stream. Each isolated
+    sample also carries the host's busy CPU seconds per op over the same run (the
+    most any rank's host spent; :mod:`hipipe.hostcpu`), from which the host term is fitted,
+    and each concurrent one the CPUs the host kept busy meanwhile (every dim busy on every
+    rank: the most a schedule can load it).
 
     With ``concurrent_window_s > 0`` a second pass times every dimension *while the
     others are busy too*, as in a pipelined schedule: each dimension repeats its op for
@@ -65,12 +70,12 @@ def measure_in_process(
             # One untimed op (the first also opens the connections) whose time sets how
             # many ops the timed runs stream: about STREAM_WINDOW_S each.
             dist.barrier()
-            probe_s = max(slowest_rank_s(_time_rs_ag(ring, size_bytes, 1, timeout_s)))
+            probe_s = max(slowest_rank_s(_time_rs_ag(ring, size_bytes, 1, timeout_s)[:2]))
             count = streamed_ops(probe_s)
             for _ in range(repeats):
                 dist.barrier()
                 times = slowest_rank_s(_time_rs_ag(ring, size_bytes, count, timeout_s))
-                samples += _samples(dim, size_bytes, times, streamed_ops=count)
+                samples += _samples(dim, size_bytes, times[:2], streamed_ops=count, host_cpu_s=times[2:])
     if concurrent_window_s <= 0 or len(sizes) < 2:
         return samples
     fits = fit_all(sizes, samples)  # identical on every rank: the samples are maxima over ranks
@@ -82,14 +87,28 @@ def measure_in_process(
                 for fit in fits
             ]
             dist.barrier()
-            per_dim = slowest_rank_s(_concurrently(rings, size_bytes, counts, timeout_s))
+            c0, t0 = _host_busy_s(), time.perf_counter()
+            local = _concurrently(rings, size_bytes, counts, timeout_s)
+            t1, c1 = time.perf_counter(), _host_busy_s()
+            # The fewest busy CPUs any rank saw (its window the widest, holding all the work;
+            # the first rank to finish saw others' CPU in a shorter one): max of the negation.
+            readable = min(c0, c1) >= 0 and t1 > t0
+            per_dim = slowest_rank_s([*local, -(c1 - c0) / (t1 - t0) if readable else -UNREADABLE])
             for dim in range(len(sizes)):
                 rs_s, ag_s = per_dim[2 * dim : 2 * dim + 2]
                 concurrent += _samples(
-                    dim, size_bytes, (rs_s, ag_s), concurrent=True, streamed_ops=counts[dim]
+                    dim,
+                    size_bytes,
+                    (rs_s, ag_s),
+                    concurrent=True,
+                    streamed_ops=counts[dim],
+                    host_busy_cores=-per_dim[-1] if per_dim[-1] > -UNREADABLE else -1.0,
                 )
     return samples + concurrent
 
+
+UNREADABLE = 1e18
+"""Minus what a rank reports for busy CPUs when it cannot read the host's CPU time: never the most."""
 
 STREAM_WINDOW_S = 0.25
 """About how long each timed calibration run streams ops for."""
@@ -204,10 +223,19 @@ def share_from_rank0(make: Callable[[], str]) -> str:
 
 
 def _samples(
-    dim: int, size_bytes: int, times: Sequence[float], *, concurrent: bool = False, streamed_ops: int = 1
+    dim: int,
+    size_bytes: int,
+    times: Sequence[float],
+    *,
+    concurrent: bool = False,
+    streamed_ops: int = 1,
+    host_cpu_s: Sequence[float] = (),
+    host_busy_cores: float = -1.0,
 ) -> list[Sample]:
-    """An RS and an AG sample from the run's total ``(RS, AG)`` seconds over ``streamed_ops`` ops each."""
+    """An RS and an AG sample from the run's total ``(RS, AG)`` seconds over ``streamed_ops`` ops
+    each, and the host's busy CPU seconds over each (negative or absent: not measured)."""
     full_bytes = max(1, size_bytes // 4) * 4
+    cpu = [None if c < 0 else float(c) / streamed_ops for c in host_cpu_s] or [None, None]
     return [
         Sample(
             dim=dim,
@@ -216,13 +244,24 @@ def _samples(
             time_s=float(time_s) / streamed_ops,
             concurrent=concurrent,
             streamed_ops=streamed_ops,
+            host_cpu_s=cpu_s,
+            host_busy_cores=None if host_busy_cores < 0 else float(host_busy_cores),
         )
-        for phase, time_s in zip(("RS", "AG"), times[:2], strict=True)
+        for phase, time_s, cpu_s in zip(("RS", "AG"), times[:2], cpu, strict=True)
     ]
 
 
-def _time_rs_ag(ring: Any, size_bytes: int, count: int, timeout_s: float) -> tuple[float, float]:
-    """Run ``count`` RS then ``count`` AG on a float32 buffer; this rank's seconds of each.
+def _host_busy_s() -> float:
+    """The host's busy CPU seconds, -1 where it cannot be read (a number every rank can reduce)."""
+    busy = busy_cpu_s()
+    return -1.0 if busy is None else busy
+
+
+def _time_rs_ag(
+    ring: Any, size_bytes: int, count: int, timeout_s: float
+) -> tuple[float, float, float, float]:
+    """Run ``count`` RS then ``count`` AG on a float32 buffer: this rank's seconds of each,
+    then the host's busy CPU seconds over each (-1: not readable).
 
     Each half starts right after a barrier of the ring's own group, so both see the same
     start skew (a world barrier releases 8 ranks on 2 cores milliseconds apart, which
@@ -230,15 +269,17 @@ def _time_rs_ag(ring: Any, size_bytes: int, count: int, timeout_s: float) -> tup
     """
     tensor = torch.zeros(max(1, size_bytes // 4), dtype=torch.float32)
     dist.barrier(group=ring.group)
-    t0 = time.perf_counter()
+    c0, t0 = _host_busy_s(), time.perf_counter()
     for _ in range(count):
         ring_reduce_scatter(tensor, ring, timeout_s=timeout_s)
-    t1 = time.perf_counter()
+    t1, c1 = time.perf_counter(), _host_busy_s()
     dist.barrier(group=ring.group)
-    t2 = time.perf_counter()
+    c2, t2 = _host_busy_s(), time.perf_counter()
     for _ in range(count):
         ring_all_gather(tensor, ring, timeout_s=timeout_s)
-    return t1 - t0, time.perf_counter() - t2
+    t3, c3 = time.perf_counter(), _host_busy_s()
+    readable = min(c0, c1, c2, c3) >= 0
+    return t1 - t0, t3 - t2, (c1 - c0 if readable else -1.0), (c3 - c2 if readable else -1.0)
 
 
 def _concurrently(
@@ -250,7 +291,7 @@ def _concurrently(
 
     def work(dim: int) -> None:
         try:
-            out[2 * dim : 2 * dim + 2] = _time_rs_ag(rings[dim], size_bytes, counts[dim], timeout_s)
+            out[2 * dim : 2 * dim + 2] = _time_rs_ag(rings[dim], size_bytes, counts[dim], timeout_s)[:2]
         except BaseException as exc:
             errors.append(exc)
 

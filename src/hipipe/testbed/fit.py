@@ -77,6 +77,10 @@ class Sample:
     """Timed while every other dimension ran its own ops too (the concurrency pass)."""
     streamed_ops: int = 1
     """How many ops ran back to back in the timed run (this sample is their mean)."""
+    host_cpu_s: float | None = None
+    """The host's busy CPU seconds per op over that run, all its ranks (None: not measured)."""
+    host_busy_cores: float | None = None
+    """Concurrent samples: CPUs the host kept busy over the run (CPU seconds per second)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -275,6 +279,7 @@ def fit_overheads(
     *,
     concurrency_slowdown: float = 0.0,
     op_curves: Sequence[OpCurve] = (),
+    host: Overheads | None = None,
 ) -> Overheads:
     """Every calibrated term from one pipelined run (docs/MODEL.md section 10).
 
@@ -282,17 +287,24 @@ def fit_overheads(
     - hand-off: the median wait of an op whose dimension was already free when its
       chunk's previous op (on another dimension) ended;
     - concurrency: given (:func:`fit_concurrency_slowdown`, from the concurrency pass);
+    - the host's CPU: given (``host``'s host terms, :func:`fit_host_cpu`), so the per-op
+      cost below is only what the CPU bound leaves unexplained;
     - jitter: the mean of an exponential fitted (by its median absolute deviation) to
       what is left of those excesses;
     - per-op cost: last, by bisection, so that the predicted median (:mod:`hipipe.predict`,
       with all the above) equals the measured median. 0 if the run was not slower.
     """
+    host = host or Overheads()
     base = calibrated_topology(
         fits,
         overheads=Overheads(
             memory_bytes_per_s=run.memory_bytes_per_s,
             concurrency_slowdown=concurrency_slowdown,
             op_curves=tuple(op_curves),
+            host_cores=host.host_cores,
+            host_ranks=host.host_ranks,
+            cpu_step_s=host.cpu_step_s,
+            cpu_byte_s=host.cpu_byte_s,
         ),
     )
     schedule = replace(run.schedule, topology=base)
@@ -420,6 +432,78 @@ def latest_arrival_mad(members: int) -> float:
     return (low + high) / 2
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HostCpuFit:
+    """One rank's CPU per ring step and per byte sent, fitted on the isolated samples."""
+
+    cpu_step_s: float
+    cpu_byte_s: float
+    max_relative_residual: float
+    num_samples: int
+    busy_cores: float | None = None
+    """The most CPUs the host kept busy in the concurrent pass (None: not measured)."""
+
+
+def host_cores_of(samples: Sequence[Sample], usable_cores: int) -> float:
+    """The CPUs a schedule's ranks can keep busy: the concurrent pass's most, at most ``usable_cores``.
+
+    With every dim busy on every rank the ranks load the host as much as any schedule
+    can (a schedule runs at most one op per dim on a rank), and on the 2-core testbed they
+    reach 1.9 CPUs, not 2: threads wait on the wire or on each other in between. Without
+    a concurrent pass (one dim, or none measured): ``usable_cores``.
+    """
+    measured = [s.host_busy_cores for s in samples if s.concurrent and s.host_busy_cores]
+    return min(float(usable_cores), max(measured)) if measured else float(usable_cores)
+
+
+def fit_host_cpu(fits: Sequence[DimFit], samples: Sequence[Sample], *, host_ranks: int) -> HostCpuFit | None:
+    """``cpu = steps * cpu_step_s + sent_bytes * cpu_byte_s`` per rank and op, fitted on relative residuals.
+
+    Each isolated sample ran the op in every group along its dimension at once, so every
+    one of the host's ``host_ranks`` ranks ran one op: a rank's share is the host's CPU
+    per op over ``host_ranks``. A ring op over ``n`` ranks has ``n - 1`` steps and sends
+    ``(n-1)/n`` of its bytes. Least squares without intercept, weighted ``1/y^2`` like the
+    lines (a 16 KiB op's CPU matters as much to a 64-chunk plan as an 8 MiB op's to a
+    1-chunk plan); a coefficient that comes out negative is dropped and the other refitted
+    alone. None without CPU samples or when the ranks' sizes do not make steps and bytes
+    separable.
+    """
+    if host_ranks < 1:
+        return None
+    sizes = {f.dim: f.size for f in fits}
+    rows = [
+        (sizes[s.dim] - 1, (sizes[s.dim] - 1) / sizes[s.dim] * s.full_bytes, s.host_cpu_s / host_ranks)
+        for s in samples
+        if not s.concurrent and s.host_cpu_s is not None and s.host_cpu_s > 0 and s.dim in sizes
+    ]
+    if len(rows) < 2:
+        return None
+    weights = [1.0 / y**2 for _, _, y in rows]
+
+    def one(column: int) -> float:
+        num = sum(w * r[column] * r[2] for w, r in zip(weights, rows, strict=True))
+        den = sum(w * r[column] ** 2 for w, r in zip(weights, rows, strict=True))
+        return num / den if den > 0 else 0.0
+
+    s11 = sum(w * a * a for w, (a, _, _) in zip(weights, rows, strict=True))
+    s12 = sum(w * a * b for w, (a, b, _) in zip(weights, rows, strict=True))
+    s22 = sum(w * b * b for w, (_, b, _) in zip(weights, rows, strict=True))
+    r1 = sum(w * a * y for w, (a, _, y) in zip(weights, rows, strict=True))
+    r2 = sum(w * b * y for w, (_, b, y) in zip(weights, rows, strict=True))
+    det = s11 * s22 - s12 * s12
+    if det <= 1e-12 * max(s11 * s22, 1e-300):
+        return None
+    step_s, byte_s = (r1 * s22 - r2 * s12) / det, (s11 * r2 - s12 * r1) / det
+    if step_s < 0:
+        step_s, byte_s = 0.0, max(0.0, one(1))
+    elif byte_s < 0:
+        step_s, byte_s = max(0.0, one(0)), 0.0
+    residual = max(abs(step_s * a + byte_s * b - y) / y for a, b, y in rows)
+    return HostCpuFit(
+        cpu_step_s=step_s, cpu_byte_s=byte_s, max_relative_residual=residual, num_samples=len(rows)
+    )
+
+
 def _ols(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
     """Plain least squares ``y = intercept + slope x``; raises when ``x`` does not vary."""
     mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
@@ -438,6 +522,8 @@ class Calibration:
     overheads: Overheads = field(default_factory=Overheads)
     overhead_message_bytes: int = 0
     overhead_times_s: tuple[float, ...] = ()
+    host_cpu: HostCpuFit | None = None
+    """How well the host term's line fits its samples (None: not calibrated)."""
 
     def topology(self, name: str = "calibrated") -> Topology:
         return calibrated_topology(self.fits, name=name, overheads=self.overheads)
@@ -449,30 +535,60 @@ class Calibration:
             "overhead_schedule": f"{OVERHEAD_PLANNER} K={OVERHEAD_NUM_CHUNKS}",
             "overhead_message_bytes": self.overhead_message_bytes,
             "overhead_times_s": list(self.overhead_times_s),
-        }
+        } | (
+            {}
+            if self.host_cpu is None
+            else {
+                "host_cpu": {
+                    "max_relative_residual": self.host_cpu.max_relative_residual,
+                    "num_samples": self.host_cpu.num_samples,
+                    "busy_cores": self.host_cpu.busy_cores,
+                }
+            }
+        )
 
 
 def calibration_from_samples(
-    sizes: Sequence[int], samples: Sequence[Sample], *, overhead: OverheadRun | None = None
+    sizes: Sequence[int],
+    samples: Sequence[Sample],
+    *,
+    overhead: OverheadRun | None = None,
+    host_ranks: int = 0,
+    host_cores: int = 0,
 ) -> Calibration:
     """Fit the samples, and the overheads if the overhead schedule was run.
 
     ``overhead.schedule`` is the schedule the ranks ran (:func:`overhead_schedule` of these
     samples' fits): passed in rather than re-planned, so the fit replays exactly what ran.
+    ``host_ranks`` ranks shared ``host_cores`` usable CPUs on the host whose CPU the
+    samples measured (0: the host term is not fitted); the term charges the most of them
+    the ranks kept busy (:func:`host_cores_of`).
     """
     fits = fit_all(sizes, samples)
     curves = fit_op_curves(fits, samples)
     # Busy curves carry the contention per size; a scalar slowdown on top would charge it twice.
     concurrency = 0.0 if any(c.busy for c in curves) else fit_concurrency_slowdown(fits, samples)
+    cpu = fit_host_cpu(fits, samples, host_ranks=host_ranks) if host_ranks > 0 and host_cores > 0 else None
+    host = Overheads(
+        host_cores=host_cores_of(samples, host_cores) if cpu else 0,
+        host_ranks=host_ranks if cpu else 0,
+        cpu_step_s=cpu.cpu_step_s if cpu else 0,
+        cpu_byte_s=cpu.cpu_byte_s if cpu else 0,
+    )
     if overhead is None or not overhead.times_s:
         return Calibration(
-            fits=tuple(fits), overheads=Overheads(concurrency_slowdown=concurrency, op_curves=curves)
+            fits=tuple(fits),
+            overheads=replace(host, concurrency_slowdown=concurrency, op_curves=curves),
+            host_cpu=cpu,
         )
     return Calibration(
         fits=tuple(fits),
-        overheads=fit_overheads(fits, overhead, concurrency_slowdown=concurrency, op_curves=curves),
+        overheads=fit_overheads(
+            fits, overhead, concurrency_slowdown=concurrency, op_curves=curves, host=host
+        ),
         overhead_message_bytes=overhead.schedule.message_bytes,
         overhead_times_s=tuple(overhead.times_s),
+        host_cpu=cpu,
     )
 
 
