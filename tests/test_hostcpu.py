@@ -110,6 +110,8 @@ def test_the_host_cores_charged_are_the_most_the_concurrent_pass_kept_busy() -> 
         for s, c in zip(isolated, (1.7, 1.92, 1.85), strict=False)
     ]
     assert host_cores_of(isolated + busy, usable_cores=2) == 1.92
+    fit = fit_host_cpu(fit_all([2, 4], isolated), isolated + busy, host_ranks=RANKS)
+    assert fit is not None and fit.busy_cores == 1.92  # reported beside the fit
     assert host_cores_of(isolated, usable_cores=2) == 2.0  # not measured: every usable CPU
     assert host_cores_of([replace(busy[0], host_busy_cores=3.5)], usable_cores=2) == 2.0
 

@@ -500,7 +500,13 @@ def fit_host_cpu(fits: Sequence[DimFit], samples: Sequence[Sample], *, host_rank
         step_s, byte_s = max(0.0, one(0)), 0.0
     residual = max(abs(step_s * a + byte_s * b - y) / y for a, b, y in rows)
     return HostCpuFit(
-        cpu_step_s=step_s, cpu_byte_s=byte_s, max_relative_residual=residual, num_samples=len(rows)
+        cpu_step_s=step_s,
+        cpu_byte_s=byte_s,
+        max_relative_residual=residual,
+        num_samples=len(rows),
+        busy_cores=max(
+            (s.host_busy_cores for s in samples if s.concurrent and s.host_busy_cores), default=None
+        ),
     )
 
 
