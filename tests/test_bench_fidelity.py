@@ -455,6 +455,10 @@ def test_run_tasks_spreads_each_tasks_runs_over_the_jobs_in_a_rotated_order(
                 key=t.key,
                 times_s=tuple(job + i / 10 for i in range(t.rule.repeats)),
                 op_times_s=((0.0, float(job)),) if t.trace else None,
+                # the host's CPU read in every job but the hierarchical row's second
+                host_cpu_s=()
+                if (job, t.key.planner) == (2, "hierarchical")
+                else tuple(2.0 * job for _ in range(t.rule.repeats)),
             )
             for t in tasks
         ]
@@ -474,6 +478,10 @@ def test_run_tasks_spreads_each_tasks_runs_over_the_jobs_in_a_rotated_order(
     assert [r.key for r in results] == [t.key for t in tasks]
     assert all(r.times_s == (1.0, 1.1, 2.0, 2.1, 3.0, 3.1) for r in results)
     assert all(r.op_times_s == ((0.0, 3.0),) for r in results)
+    # the host's CPU per run follows the times; a row a job could not read has none at all
+    cpu = {r.key.planner: r.host_cpu_s for r in results}
+    assert cpu["hipipe"] == (2.0, 2.0, 4.0, 4.0, 6.0, 6.0)
+    assert cpu["hierarchical"] == ()
     # one job: the tasks as given
     seen.clear()
     [single] = bench.run_tasks(layout, tasks[:1], {tasks[0].key: 1.0}, workdir=tmp_path, jobs=1)
@@ -511,3 +519,32 @@ def test_a_cached_tuned_schedule_is_named_in_the_report() -> None:
     cell = cell_fidelity(with_cache, MIB)
     assert cell.tuned_choice == f"hipipe K={cached.num_chunks}, from the cache"
     assert cell_fidelity(result, MIB).tuned_choice is None  # no tuning, no cache: nothing kept
+
+
+def test_reports_show_how_busy_the_host_was_beside_each_plans_cpu_bound() -> None:
+    from dataclasses import replace
+
+    from hipipe.overheads import Overheads
+
+    busy = replace(GOOD_ROWS[1], host_cpu_s=(3.9, 4.095, 4.24), cpu_bound_s=1.9)  # themis: 1.95 CPUs busy
+    idle = replace(GOOD_ROWS[0], host_cpu_s=(0.52, 0.5, 0.642))  # hipipe: about 0.5
+    result = result_of([idle, busy, *GOOD_ROWS[2:]])
+    result = replace(
+        result,
+        topology=replace(result.topology, overheads=Overheads(host_cores=1.9, host_ranks=4, cpu_step_s=1e-3)),
+    )
+    assert busy.host_busy_cpus == pytest.approx(1.95)
+    assert math.isnan(GOOD_ROWS[2].host_busy_cpus)  # not measured
+    assert (
+        "host CPUs busy during the runs (the ranks can keep 1.90 busy): hipipe 0.50,"
+        " themis 1.95 (CPU bound 1.900 s of predicted 2.000 s)"
+    ) in cell_lines(result, MIB)
+    markdown = render_markdown(result)
+    assert "| spread | host CPUs busy | runs |" in markdown
+    assert "| 1.95 | 3 |" in markdown and "| 6.2% | - | 3 |" in markdown
+    rows = {r["name"]: r for r in result_to_dict(result)["rows"]}
+    assert rows[THEMIS]["host_busy_cpus"] == pytest.approx(1.95)
+    assert rows[THEMIS]["cpu_bound_s"] == 1.9
+    assert rows["pipelined"]["host_busy_cpus"] is None
+    # nothing measured anywhere: no line
+    assert not any(line.startswith("host CPUs") for line in cell_lines(result_of(GOOD_ROWS), MIB))

@@ -94,7 +94,14 @@ def test_every_event_round_trips_through_its_line() -> None:
         RunDone(key=key, index=2, warmup=False, time_s=0.25),
         RunResult(key=key, times_s=(0.5, 0.25), op_times_s=((0.0, 0.1), (0.1, 0.3))),
         RunResult(key=key, times_s=(0.5,)),
+        RunResult(key=key, times_s=(0.5, 0.25), host_cpu_s=(0.95, 0.47)),
         CalibrationSamples(samples=(Sample(dim=1, phase="AG", full_bytes=4096, time_s=0.01),)),
+        CalibrationSamples(
+            samples=(
+                Sample(dim=0, phase="RS", full_bytes=4096, time_s=0.01, host_cpu_s=0.018),
+                Sample(dim=0, phase="RS", full_bytes=4096, time_s=0.02, concurrent=True, host_busy_cores=1.9),
+            )
+        ),
         OverheadTimes(message_bytes=4096, times_s=(0.2, 0.3)),
         JobDone(),
     ]

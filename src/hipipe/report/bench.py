@@ -47,6 +47,9 @@ def result_to_dict(result: BenchResult) -> dict[str, Any]:
                 "predicted_s": row.predicted_s,
                 "measured_over_predicted": row.measured_over_predicted,
                 "spread": _finite(relative_spread(row)),
+                "host_cpu_s": list(row.host_cpu_s),
+                "host_busy_cpus": _finite(row.host_busy_cpus),
+                "cpu_bound_s": row.cpu_bound_s,
                 "reduction_vs_themis": _finite(result.reduction(row.name, THEMIS, row.message_bytes)),
                 "simulated_reduction_vs_themis": _finite(
                     result.reduction(row.name, THEMIS, row.message_bytes, simulated=True)
@@ -206,6 +209,7 @@ def summary_rows(result: BenchResult, message_bytes: int) -> list[list[str]]:
                 format_time(row.predicted_s),
                 f"{row.measured_over_predicted:.3f}",
                 f"{100 * relative_spread(row):.1f}%",
+                _cpus(row.host_busy_cpus),
                 str(len(row.times_s)),
                 f"{_pct(vs_themis)} (sim {_pct(sim_themis)})" if row.name != THEMIS else "-",
                 (_pct(vs_torch) + speedup) if row.name != torch_name else "-",
@@ -222,10 +226,15 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
     "predicted",
     "measured/predicted",
     "spread",
+    "host CPUs busy",
     "runs",
     "reduction vs themis",
     "reduction vs torch",
 )
+
+
+def _cpus(busy: float) -> str:
+    return f"{busy:.2f}" if math.isfinite(busy) else "-"
 
 
 def _what(config: BenchConfig) -> str:
@@ -264,12 +273,32 @@ def cell_lines(result: BenchResult, message_bytes: int) -> list[str]:
             f"spread (max - min) / median of the timed repeats: up to {100 * cell.spread:.1f}% ({noisiest})"
         )
     lines += [f"misordered: {p.describe()}" for p in cell.misordered]
+    lines += _cpu_lines(result, message_bytes)
     entry = result.tuning_entry(message_bytes)
     if entry is not None:
         measured = ", ".join(f"{m.name} {format_time(m.median_s)}" for m in entry.measurements)
         lines.append(f"tuning kept {entry.chosen} (medians: {measured}); measured again as hipipe-tuned")
     lines += [f"{goal_mark(g.met)}: {g.name}: {g.value}" for g in cell.goals]
     return lines
+
+
+def _cpu_lines(result: BenchResult, message_bytes: int) -> list[str]:
+    """The host's CPUs busy per row beside each plan's CPU bound: which rows the CPU bound."""
+    rows = [r for r in result.rows if r.message_bytes == message_bytes and math.isfinite(r.host_busy_cpus)]
+    if not rows:
+        return []
+    overheads = result.topology.overheads
+    of = f" (the ranks can keep {overheads.host_cores:.2f} busy)" if overheads.charges_cpu else ""
+    parts = [
+        f"{r.name} {r.host_busy_cpus:.2f}"
+        + (
+            f" (CPU bound {format_time(r.cpu_bound_s)} of predicted {format_time(r.predicted_s)})"
+            if r.cpu_bound_s
+            else ""
+        )
+        for r in rows
+    ]
+    return [f"host CPUs busy during the runs{of}: " + ", ".join(parts)]
 
 
 def summary_tables(result: BenchResult) -> list[Table]:

@@ -25,7 +25,7 @@ from pathlib import Path
 from hipipe.files import scratch_dir
 from hipipe.hostcpu import usable_cores
 from hipipe.planners import BASELINES, plan
-from hipipe.predict import predicted_s
+from hipipe.predict import cpu_bound_s, predicted_s
 from hipipe.repeats import RepeatRule
 from hipipe.schedule import Schedule
 from hipipe.testbed import netns
@@ -301,6 +301,9 @@ def _run_plans(
 ) -> tuple[list[BenchRow], list[tuple[str, Schedule]]]:
     tasks: list[ScheduleTask | TorchTask] = []
     predicted: dict[RunKey, float] = {}
+    # Per planner row, its CPU work on the calibrated host over its CPUs (torch runs its
+    # own algorithm, not a hipipe schedule: no bound).
+    cpu_bound: dict[RunKey, float] = {}
     schedules: dict[RunKey, Schedule] = {}
     tuned = {s.message_bytes: s for s in tuned_schedules}
     for message_bytes in config.messages_bytes:
@@ -314,6 +317,7 @@ def _run_plans(
             predicted[key] = predicted_on_s(topology, tuned[message_bytes])
         for key, schedule in schedules.items():
             if key.message_bytes == message_bytes:
+                cpu_bound[key] = cpu_bound_s(retime(schedule, topology))
                 tasks.append(
                     ScheduleTask(
                         key=key,
@@ -352,6 +356,8 @@ def _run_plans(
                 times_s=event.times_s,
                 predicted_s=predicted[event.key],
                 collective=config.collective,
+                host_cpu_s=event.host_cpu_s,
+                cpu_bound_s=cpu_bound.get(event.key, 0.0),
             )
         )
         if event.op_times_s is not None:
@@ -385,6 +391,7 @@ def run_tasks(
     total_runs = jobs * sum(t.warmup + t.rule.per_job(jobs).max_repeats for t in tasks)
     done = 0
     times: dict[RunKey, list[float]] = {t.key: [] for t in tasks}
+    cpu: dict[RunKey, list[float] | None] = {t.key: [] for t in tasks}  # None: a job could not read it
     traces: dict[RunKey, tuple[tuple[float, float], ...]] = {}
     if progress:
         progress(0, total_runs, "starting workers")
@@ -407,9 +414,20 @@ def run_tasks(
         )
         for result in results:
             times[result.key] += result.times_s
+            known = cpu[result.key]
+            read_all = len(result.host_cpu_s) == len(result.times_s)
+            cpu[result.key] = known + list(result.host_cpu_s) if known is not None and read_all else None
             if result.op_times_s is not None:
                 traces[result.key] = result.op_times_s
-    return [RunResult(key=t.key, times_s=tuple(times[t.key]), op_times_s=traces.get(t.key)) for t in tasks]
+    return [
+        RunResult(
+            key=t.key,
+            times_s=tuple(times[t.key]),
+            op_times_s=traces.get(t.key),
+            host_cpu_s=tuple(cpu[t.key] or ()),
+        )
+        for t in tasks
+    ]
 
 
 def _task_for_job(task: ScheduleTask | TorchTask, jobs: int, *, traced: bool) -> ScheduleTask | TorchTask:

@@ -187,6 +187,9 @@ class RunResult:
     times_s: tuple[float, ...]
     op_times_s: tuple[tuple[float, float], ...] | None = None
     """``(start_s, end_s)`` of each op of the schedule, on rank 0, in the last repeat."""
+    host_cpu_s: tuple[float, ...] = ()
+    """The busy CPU seconds of rank 0's host during each timed repeat (every rank on it;
+    empty where the host's CPU time cannot be read): whether a run was bound by the CPU."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -321,6 +324,7 @@ def event_from_line(line: str) -> Event | None:
             key=RunKey.from_dict(data["key"]),
             times_s=tuple(float(t) for t in data["times_s"]),
             op_times_s=None if op_times is None else tuple((float(a), float(b)) for a, b in op_times),
+            host_cpu_s=tuple(float(c) for c in data.get("host_cpu_s", ())),
         )
     if tag == "calibration":
         return CalibrationSamples(samples=tuple(Sample(**s) for s in data["samples"]))

@@ -145,6 +145,11 @@ class BenchRow:
     predicted_s: float
     """The plan's makespan on the calibrated topology (torch: the flat ring model)."""
     collective: Collective = Collective.ALL_REDUCE
+    host_cpu_s: tuple[float, ...] = ()
+    """The host's busy CPU seconds during each timed run (empty: not measured)."""
+    cpu_bound_s: float = 0.0
+    """The plan's CPU work on the calibrated host over its CPUs (0: not charged), the floor
+    the prediction includes (:func:`hipipe.predict.cpu_bound_s`)."""
 
     @property
     def median_s(self) -> float:
@@ -161,6 +166,16 @@ class BenchRow:
     @property
     def busbw_bytes_per_s(self) -> float:
         return busbw_bytes_per_s(self.message_bytes, self.median_s, self.num_ranks, self.collective)
+
+    @property
+    def host_busy_cpus(self) -> float:
+        """The median over the timed runs of the host's busy CPU seconds per second (nan: not measured).
+
+        Near the host's CPUs, the run was bound by the CPU rather than the wire.
+        """
+        if len(self.host_cpu_s) != len(self.times_s) or not self.times_s:
+            return math.nan
+        return statistics.median(c / t for c, t in zip(self.host_cpu_s, self.times_s, strict=True))
 
     @property
     def measured_over_predicted(self) -> float:

@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hipipe.hostcpu import busy_cpu_s
 from hipipe.testbed.nsenter import enter_netns
 from hipipe.testbed.protocol import (
     OVERHEAD_SCHEDULE_KEY,
@@ -110,12 +111,27 @@ def _measure(task: ScheduleTask | TorchTask, job: Job, rank: int, groups: Any) -
         if rank == 0:
             emit(RunDone(key=task.key, index=index, warmup=warm, time_s=elapsed_s))
 
-    times = timed_runs(run, warmup=task.warmup, repeats=task.rule, before=workload.fill, after=after)
+    cpu_s: list[float | None] = []
+    timed = run
+
+    def run_reading_cpu() -> object:
+        """The run, with the host's busy CPU time read around it (inside the timed window)."""
+        before = busy_cpu_s()
+        out = timed()
+        end = busy_cpu_s()
+        cpu_s.append(None if before is None or end is None else end - before)
+        return out
+
+    times = timed_runs(
+        run_reading_cpu, warmup=task.warmup, repeats=task.rule, before=workload.fill, after=after
+    )
     workload.check()  # the buffer holds the last timed run's result
     if rank == 0:
         trace = traces[0] if traces else None
         op_times = None if trace is None else tuple((t.start_s, t.end_s) for t in trace.ops)
-        emit(RunResult(key=task.key, times_s=tuple(times), op_times_s=op_times))
+        timed_cpu_s = cpu_s[task.warmup :]
+        host_cpu_s = () if None in timed_cpu_s else tuple(c for c in timed_cpu_s if c is not None)
+        emit(RunResult(key=task.key, times_s=tuple(times), op_times_s=op_times, host_cpu_s=host_cpu_s))
 
 
 def _run_task(task: Task, job: Job, rank: int, groups: Any, store: Any) -> None:
