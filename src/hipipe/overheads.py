@@ -272,7 +272,7 @@ class Overheads:
             parts.append(f"{self.jitter_s * 1e3:.3g} ms mean jitter")
         if self.charges_cpu:
             parts.append(
-                f"{self.host_ranks:g} ranks on {self.host_cores:g} CPUs"
+                f"{self.host_ranks:g} ranks on {self.host_cores:.3g} CPUs"
                 f" ({self.cpu_step_s * 1e3:.3g} ms/step, {self.cpu_byte_s * 1e9:.3g} s/GB)"
             )
         if self.op_curves:
