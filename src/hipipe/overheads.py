@@ -44,8 +44,8 @@ calibrate`` can measure it and every consumer charges the same thing:
   and every byte it sends ``cpu_byte_s`` (copies, the kernel's network stack, the
   reduction); ``host_ranks`` ranks share ``host_cores`` CPUs, so no schedule ends before
   its whole CPU work, ``host_ranks * sum over its ops``, divided by ``host_cores``. On a
-  host with a core or more per rank this never binds; on the 2-core testbed (8 ranks) it
-  is what a many-op schedule takes (Themis' 64 chunks kept both cores 94-99% busy). A
+  host with a core or more per rank this never binds; on the 2-core testbed (8 ranks) a
+  many-op schedule runs near it (Themis' 64 chunks kept both cores 94-99% busy). A
   bound on the whole run, not a cost of one op: :mod:`hipipe.predict` applies it.
 
 All default to zero: a topology without ``overheads`` is the plain alpha-beta model.

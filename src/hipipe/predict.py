@@ -16,8 +16,9 @@ what separates many-chunk schedules from few-chunk ones on a real network
 A third, the *host's CPU*, bounds the whole run rather than one op: the ranks sharing a
 host's cores cannot finish before the CPU work of all their ops is done
 (:func:`cpu_bound_s`), so each replay's makespan is at least
-that. On a host with cores to spare it never binds; on the 2-core testbed it is what
-Themis' 64-chunk schedule takes.
+that. On a host with cores to spare it never binds; on the 2-core testbed Themis'
+64-chunk schedule keeps both cores busy and runs near it (the replay is usually above it:
+under that load each op also costs more than the calibration's isolated runs).
 
 Where the calibration measured streamed op times (``op_curves``), a single-dimension op
 takes its curve's time at its size (plus the per-op cost) instead of its line's, and
