@@ -444,6 +444,11 @@ class HostCpuFit:
     """The most CPUs the host kept busy in the concurrent pass (None: not measured)."""
 
 
+def busiest_cores(samples: Sequence[Sample]) -> float | None:
+    """The most CPUs the host kept busy in the concurrent pass (None: not measured)."""
+    return max((s.host_busy_cores for s in samples if s.concurrent and s.host_busy_cores), default=None)
+
+
 def host_cores_of(samples: Sequence[Sample], usable_cores: int) -> float:
     """The CPUs a schedule's ranks can keep busy: the concurrent pass's most, at most ``usable_cores``.
 
@@ -452,8 +457,8 @@ def host_cores_of(samples: Sequence[Sample], usable_cores: int) -> float:
     reach 1.9 CPUs, not 2: threads wait on the wire or on each other in between. Without
     a concurrent pass (one dim, or none measured): ``usable_cores``.
     """
-    measured = [s.host_busy_cores for s in samples if s.concurrent and s.host_busy_cores]
-    return min(float(usable_cores), max(measured)) if measured else float(usable_cores)
+    busiest = busiest_cores(samples)
+    return float(usable_cores) if busiest is None else min(float(usable_cores), busiest)
 
 
 def fit_host_cpu(fits: Sequence[DimFit], samples: Sequence[Sample], *, host_ranks: int) -> HostCpuFit | None:
@@ -504,9 +509,7 @@ def fit_host_cpu(fits: Sequence[DimFit], samples: Sequence[Sample], *, host_rank
         cpu_byte_s=byte_s,
         max_relative_residual=residual,
         num_samples=len(rows),
-        busy_cores=max(
-            (s.host_busy_cores for s in samples if s.concurrent and s.host_busy_cores), default=None
-        ),
+        busy_cores=busiest_cores(samples),
     )
 
 
@@ -575,11 +578,15 @@ def calibration_from_samples(
     # Busy curves carry the contention per size; a scalar slowdown on top would charge it twice.
     concurrency = 0.0 if any(c.busy for c in curves) else fit_concurrency_slowdown(fits, samples)
     cpu = fit_host_cpu(fits, samples, host_ranks=host_ranks) if host_ranks > 0 and host_cores > 0 else None
-    host = Overheads(
-        host_cores=host_cores_of(samples, host_cores) if cpu else 0,
-        host_ranks=host_ranks if cpu else 0,
-        cpu_step_s=cpu.cpu_step_s if cpu else 0,
-        cpu_byte_s=cpu.cpu_byte_s if cpu else 0,
+    host = (
+        Overheads()
+        if cpu is None
+        else Overheads(
+            host_cores=host_cores_of(samples, host_cores),
+            host_ranks=host_ranks,
+            cpu_step_s=cpu.cpu_step_s,
+            cpu_byte_s=cpu.cpu_byte_s,
+        )
     )
     if overhead is None or not overhead.times_s:
         return Calibration(

@@ -122,8 +122,13 @@ def _measure(task: ScheduleTask | TorchTask, job: Job, rank: int, groups: Any) -
         cpu_s.append(None if before is None or end is None else end - before)
         return out
 
+    # Only rank 0 reports the host's CPU: the other ranks time the bare run.
     times = timed_runs(
-        run_reading_cpu, warmup=task.warmup, repeats=task.rule, before=workload.fill, after=after
+        run_reading_cpu if rank == 0 else run,
+        warmup=task.warmup,
+        repeats=task.rule,
+        before=workload.fill,
+        after=after,
     )
     workload.check()  # the buffer holds the last timed run's result
     if rank == 0:

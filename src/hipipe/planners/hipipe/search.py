@@ -576,7 +576,7 @@ def _sweep(
     log: SearchLog,
 ) -> Candidate | None:
     """The fastest of :data:`SWEEP_SWAPPED` structures after :func:`swap_critical_pairs`:
-    every family (none retired) at every K of :data:`SWEEP_CHUNKS` that the ladder did
+    every family (retired ones too, but not :data:`FEW_CHUNK_FAMILIES`) at every K of :data:`SWEEP_CHUNKS` that the ladder did
     not build (its trials: ``ladder``), and the ladder's own candidates at those Ks
     (``pool``). Trials and LP work go to ``log``."""
     built = {(trial.num_chunks, trial.source) for trial in ladder if trial.makespan_s is not None}
