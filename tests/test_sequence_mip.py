@@ -7,6 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import hipipe.planners.hipipe.sequence_mip as sequence_mip
 from hipipe import Dimension, Topology, plan
 from hipipe.bounds import order_mix
 from hipipe.planners.exact import plan_exact
@@ -18,7 +19,7 @@ from hipipe.planners.hipipe.candidates import (
     time_unit_s,
 )
 from hipipe.planners.hipipe.local_search import nested_descent, nested_descent_timed, swap_critical_pairs
-from hipipe.planners.hipipe.sequence_mip import best_sequences
+from hipipe.planners.hipipe.sequence_mip import best_sequences, order_neighbours
 from hipipe.planners.hipipe.sequencing import Rule, list_schedule, longest_path_s
 from hipipe.planners.hipipe.structure import op_table
 from hipipe.presets import PRESETS
@@ -247,3 +248,48 @@ def test_timed_nested_descent_keeps_its_own_score_and_never_gets_worse(orders):
             chunks = [int(table.chunk[op]) for op in after]
             half = len(chunks) // 2
             assert chunks[half:] == chunks[:half][::-1]
+
+
+def test_order_neighbours_change_one_chunk_and_keep_its_first_dim_on_three_dims():
+    orders = ((2, 0, 1), (1, 2, 0), (0, 1, 2), (0, 1, 2))
+    neighbours = order_neighbours(orders, 3)
+    # One tail swap per chunk; the two (0, 1, 2) chunks give the same multiset.
+    assert neighbours == [
+        ((0, 1, 2), (0, 1, 2), (1, 2, 0), (2, 1, 0)),
+        ((0, 1, 2), (0, 1, 2), (1, 0, 2), (2, 0, 1)),
+        ((0, 1, 2), (0, 2, 1), (1, 2, 0), (2, 0, 1)),
+    ]
+    for neighbour in neighbours:
+        assert neighbour == tuple(sorted(neighbour))
+        changed = sorted(orders)
+        for order in neighbour:
+            if order in changed:
+                changed.remove(order)
+        assert len(changed) == 1  # exactly one chunk's order differs
+    # On 2 dims keeping the first dim leaves nothing: the other order instead.
+    assert order_neighbours(((0, 1), (0, 1), (1, 0)), 2) == [
+        ((0, 1), (1, 0), (1, 0)),
+        ((0, 1), (0, 1), (0, 1)),
+    ]
+    assert order_neighbours(((0, 1),) * 2, 2) == [((0, 1), (1, 0))]
+
+
+# libra-3d at 256 MiB, K = 4: the optimum `hipipe plan --planner exact --chunks 4` proved
+# (33 s, benchmarks/results/optimality-2cpu-2026-12-02.md; not re-proven here).
+LIBRA_3D_256_MIB_OPTIMUM_S = 1.53002e-3
+
+
+def test_an_order_substitution_judged_by_its_mip_reaches_the_proven_optimum(monkeypatch):
+    """The search's plan (2, 0, 1), (1, 2, 0), (0, 1, 2) x 2 stopped at 1.5374 ms, 0.49%
+    above the proven optimum, whose orders differ in one chunk ((1, 2, 0) -> (1, 0, 2)) but
+    whose sequences no list schedule, swap or nesting reaches: only the sequence MIP does."""
+    topology = PRESETS["libra-3d"]()
+    message = 256 * 1024**2
+    hipipe = plan(topology, message, "hipipe", num_chunks=4)
+    assert hipipe.makespan_s <= LIBRA_3D_256_MIB_OPTIMUM_S * (1 + 1e-5)
+    assert hipipe.makespan_s >= LIBRA_3D_256_MIB_OPTIMUM_S * (1 - 1e-5)
+    assert "substitution" in {trial["source"] for trial in hipipe.info["candidates"]}
+    assert simulate(hipipe).makespan_s == pytest.approx(hipipe.makespan_s, rel=1e-9)
+    monkeypatch.setattr(sequence_mip, "SUBSTITUTION_MAX_DIMS", 0)
+    without = plan(topology, message, "hipipe", num_chunks=4)
+    assert without.makespan_s > LIBRA_3D_256_MIB_OPTIMUM_S * 1.004  # the step is what closes it

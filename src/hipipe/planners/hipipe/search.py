@@ -40,13 +40,14 @@ from hipipe.planners.hipipe.candidates import (
     time_unit_s,
 )
 from hipipe.planners.hipipe.enumeration import KEPT as ENUMERATED_KEPT
+from hipipe.planners.hipipe.enumeration import MAX_CHUNKS as ENUMERATED_MAX_CHUNKS
 from hipipe.planners.hipipe.enumeration import enumerated_candidates
 from hipipe.planners.hipipe.families import FEW_CHUNK_FAMILIES, families
 from hipipe.planners.hipipe.filler import add_filler
 from hipipe.planners.hipipe.local_search import NEAR_FLOOR, climb_orders, nested_descent, swap_critical_pairs
 from hipipe.planners.hipipe.seeds import baseline_seeds, improve_with_seeds
 from hipipe.planners.hipipe.sequence_mip import MAX_DIMS as POLISH_MAX_DIMS
-from hipipe.planners.hipipe.sequence_mip import polish_sequences
+from hipipe.planners.hipipe.sequence_mip import polish_sequences, substitute_orders
 from hipipe.planners.hipipe.splitting import refine_by_splitting
 from hipipe.topology import Topology
 
@@ -511,8 +512,10 @@ def _polished(
 ) -> Candidate | None:
     """The fastest of ``best`` and the enumerated order multisets (:mod:`.enumeration`, where
     few enough), the :data:`POLISHED_STARTS` fastest of them after
-    :func:`.sequence_mip.polish_sequences`; ``best`` itself when there is nothing to gain:
-    no plan, the ablations, too many chunks or dims, or already at its K's latency floor."""
+    :func:`.sequence_mip.polish_sequences`; past the enumeration's K, the fastest then
+    takes the order substitutions its MIP finds faster (:func:`.sequence_mip.substitute_orders`).
+    ``best`` itself when there is nothing to gain: no plan, the ablations, too many chunks
+    or dims, or already at its K's latency floor."""
     if best is None or not (options.climb and options.lp_sizes) or max_chunks > AT_MOST_MAX_CHUNKS:
         return best
     if topology.num_dims > POLISH_MAX_DIMS or best.structure.num_chunks > max_chunks:
@@ -547,7 +550,16 @@ def _polished(
         )
         for start in starts[:POLISHED_STARTS]
     ]
-    return _fastest([best, *polished])
+    fastest = _fastest([best, *polished])
+    assert fastest is not None
+    if (
+        max_chunks > ENUMERATED_MAX_CHUNKS
+        and fastest.structure.num_chunks == max_chunks
+        and fastest.makespan_s > floor_s * (1 + NEAR_FLOOR)
+    ):
+        # Past the enumeration's K, its neighbours one order away, judged by their MIP.
+        return substitute_orders(topology, message_bytes, fastest, options=options, unit_s=unit_s, log=log)
+    return fastest
 
 
 SWEEP_CHUNKS: tuple[int, ...] = tuple(range(AT_MOST_MAX_CHUNKS + 1, FULL_ROUNDS_MAX_CHUNKS + 1))
