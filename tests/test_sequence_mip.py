@@ -4,7 +4,7 @@ import itertools
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import hipipe.planners.hipipe.enumeration as enumeration
@@ -131,6 +131,12 @@ def test_same_input_same_sequences():
     exponent=st.integers(min_value=20, max_value=30),
     collective=st.sampled_from(list(Collective)),
     picks=st.lists(st.integers(min_value=0, max_value=5), min_size=2, max_size=3),
+)
+@example(  # HiGHS refused this start (it meets the incumbent exactly) and found none in 50 nodes
+    dims=[("ring", 2, 10.0, 0.0), ("ring", 2, 10.0, 0.0), ("ring", 2, 40.0, 0.0)],
+    exponent=20,
+    collective=Collective.ALL_REDUCE,
+    picks=[0, 5, 5],
 )
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_mip_sequences_are_valid_and_never_slower_than_the_start(dims, exponent, collective, picks):

@@ -92,19 +92,28 @@ def best_sequences(
     ``incumbent_s`` (with ``start``, possibly ``start`` itself); None if none was found.
 
     ``start`` (sequences, sizes in bytes for these orders) is handed to HiGHS as its
-    first incumbent.
+    first incumbent. HiGHS may refuse it (a start that meets ``incumbent_s`` exactly can
+    miss a row by more than the tolerance in floating point; a generated 3-dim network
+    with zero latencies did) and then find nothing within the nodes: the start itself is
+    the answer then, not None.
     """
     table = op_table(topology, orders, collective)
     model = _Model(topology, message_bytes, table, orders, unit_s=incumbent_s)
     solver = model.solver(max_nodes)
-    if start is not None:
-        values = model.values_of(*start)
-        if values is not None:
-            solver.setSolution(model.num_cols, np.arange(model.num_cols, dtype=np.int32), values)
+    start_values = None if start is None else model.values_of(*start)
+    if start_values is not None:
+        solver.setSolution(model.num_cols, np.arange(model.num_cols, dtype=np.int32), start_values)
     solver.run()
     info = solver.getInfo()
     if int(info.primal_solution_status) == 0:
-        return None
+        if start is None or start_values is None:
+            return None
+        return SequenceSolution(
+            sequences=start[0],
+            makespan_s=float(start_values[model.makespan_col]) * incumbent_s,
+            nodes=int(info.mip_node_count),
+            proven=False,
+        )
     values = np.asarray(solver.getSolution().col_value)
     makespan_s = float(values[model.makespan_col]) * incumbent_s
     return SequenceSolution(
