@@ -286,37 +286,19 @@ def polish_sequences(
         variants.append(((*orders, largest), False))
     best = start
     for trial_orders, from_start in variants:
-        # The same solve comes up again when the settled plans of consecutive Ks coincide.
-        key = (
-            trial_orders,
-            (start.structure.sequences, tuple(start.sizes_bytes.tolist())) if from_start else None,
-            best.makespan_s,
-        )
-        if key not in log.sequence_mips:
-            solution = best_sequences(
-                topology,
-                message_bytes,
-                trial_orders,
-                collective=options.collective,
-                incumbent_s=best.makespan_s,
-                start=(start.structure.sequences, start.sizes_bytes) if from_start else None,
-                max_nodes=MAX_NODES if len(trial_orders) >= 4 else MAX_NODES_FEW,
-            )
-            log.sequence_mips[key] = None if solution is None else solution.sequences
-        sequences = log.sequence_mips[key]
-        if sequences is None:
-            continue
-        candidate = optimize_structure(
+        candidate = _solved(
             topology,
             message_bytes,
             trial_orders,
-            [sequences],
+            start=start if from_start else None,
+            incumbent=best,
             source=start.structure.source,
             options=options,
             unit_s=unit_s,
             log=log,
-            resequence=False,
         )
+        if candidate is None:
+            continue
         log.tried.append(
             Trial(
                 num_chunks=len(trial_orders),
@@ -328,6 +310,54 @@ def polish_sequences(
         if better(best, candidate):
             best = candidate
     return best
+
+
+def _solved(
+    topology: Topology,
+    message_bytes: int,
+    orders: tuple[Order, ...],
+    *,
+    start: Candidate | None,
+    incumbent: Candidate,
+    source: str,
+    options: SearchOptions,
+    unit_s: float,
+    log: SearchLog,
+) -> Candidate | None:
+    """The sequence MIP's answer for ``orders`` (from ``start``'s sequences and sizes when
+    given, which must have these orders), against ``incumbent``'s makespan, re-sized by the
+    sizing LP; None when the MIP found nothing. Each solve is kept in ``log``: the same one
+    comes up again when the settled plans of consecutive Ks coincide."""
+    key = (
+        orders,
+        None if start is None else (start.structure.sequences, tuple(start.sizes_bytes.tolist())),
+        incumbent.makespan_s,
+    )
+    if key not in log.sequence_mips:
+        solution = best_sequences(
+            topology,
+            message_bytes,
+            orders,
+            collective=options.collective,
+            incumbent_s=incumbent.makespan_s,
+            start=None if start is None else (start.structure.sequences, start.sizes_bytes),
+            max_nodes=MAX_NODES if len(orders) >= 4 else MAX_NODES_FEW,
+        )
+        log.sequence_mips[key] = None if solution is None else solution.sequences
+    sequences = log.sequence_mips[key]
+    if sequences is None:
+        return None
+    return optimize_structure(
+        topology,
+        message_bytes,
+        orders,
+        [sequences],
+        source=source,
+        options=options,
+        unit_s=unit_s,
+        log=log,
+        resequence=False,
+    )
 
 
 SUBSTITUTION_MAX_DIMS = 3
@@ -392,33 +422,20 @@ def substitute_orders(
             if trial in seen or solves >= SUBSTITUTION_MAX_SOLVES:
                 continue
             seen.add(trial)
-            key = (trial, None, best.makespan_s)
-            if key not in log.sequence_mips:
-                solves += 1
-                solution = best_sequences(
-                    topology,
-                    message_bytes,
-                    trial,
-                    collective=options.collective,
-                    incumbent_s=best.makespan_s,
-                    max_nodes=MAX_NODES if len(trial) >= 4 else MAX_NODES_FEW,
-                )
-                log.sequence_mips[key] = None if solution is None else solution.sequences
-            sequences = log.sequence_mips[key]
-            if sequences is None:
-                continue
-            candidate = optimize_structure(
+            known = len(log.sequence_mips)
+            candidate = _solved(
                 topology,
                 message_bytes,
                 trial,
-                [sequences],
+                start=None,
+                incumbent=best,
                 source=start.structure.source,
                 options=options,
                 unit_s=unit_s,
                 log=log,
-                resequence=False,
             )
-            if better(best, candidate):
+            solves += len(log.sequence_mips) - known
+            if candidate is not None and better(best, candidate):
                 best, improved = candidate, True
                 break
     if best is not start:
