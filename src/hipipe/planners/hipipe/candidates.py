@@ -163,6 +163,18 @@ class SearchLog:
             )
         return self.floors[num_chunks]
 
+    def improved(self, start: Candidate, best: Candidate, source: str) -> None:
+        """Record that the search step ``source`` moved ``start`` to ``best`` (nothing if not)."""
+        if best is not start:
+            self.tried.append(
+                Trial(
+                    num_chunks=start.structure.num_chunks,
+                    kept_chunks=best.structure.num_chunks,
+                    source=source,
+                    makespan_s=best.makespan_s,
+                )
+            )
+
     def record(self, num_ops: int, iterations: int) -> None:
         self.lp_solves += 1
         self.simplex_iterations += iterations

@@ -23,7 +23,6 @@ from hipipe.planners.hipipe.candidates import (
     Candidate,
     SearchLog,
     SearchOptions,
-    Trial,
     better,
     candidate_for,
 )
@@ -104,15 +103,7 @@ def climb_orders(
             if better(best, candidate):
                 best, improved = candidate, True
                 break
-    if best is not start:
-        log.tried.append(
-            Trial(
-                num_chunks=start.structure.num_chunks,
-                kept_chunks=best.structure.num_chunks,
-                source="climb",
-                makespan_s=best.makespan_s,
-            )
-        )
+    log.improved(start, best, "climb")
     return best
 
 

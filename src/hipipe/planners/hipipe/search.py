@@ -221,15 +221,7 @@ def _polish(
     """``best`` after a local-search ``step`` (:func:`swap_critical_pairs`,
     :func:`nested_descent`), logged under ``source`` when it changed anything."""
     polished = step(topology, message_bytes, best, unit_s=unit_s, log=log)
-    if polished is not best:
-        log.tried.append(
-            Trial(
-                num_chunks=best.structure.num_chunks,
-                kept_chunks=polished.structure.num_chunks,
-                source=source,
-                makespan_s=polished.makespan_s,
-            )
-        )
+    log.improved(best, polished, source)
     return polished
 
 

@@ -438,13 +438,5 @@ def substitute_orders(
             if candidate is not None and better(best, candidate):
                 best, improved = candidate, True
                 break
-    if best is not start:
-        log.tried.append(
-            Trial(
-                num_chunks=start.structure.num_chunks,
-                kept_chunks=best.structure.num_chunks,
-                source="substitution",
-                makespan_s=best.makespan_s,
-            )
-        )
+    log.improved(start, best, "substitution")
     return best

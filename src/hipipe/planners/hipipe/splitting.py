@@ -23,7 +23,6 @@ from hipipe.planners.hipipe.candidates import (
     Candidate,
     SearchLog,
     SearchOptions,
-    Trial,
     better,
     optimize_structure,
 )
@@ -107,12 +106,5 @@ def refine_by_splitting(
                 best = candidate
         if best is current:
             break
-        log.tried.append(
-            Trial(
-                num_chunks=current.structure.num_chunks,
-                kept_chunks=best.structure.num_chunks,
-                source="split",
-                makespan_s=best.makespan_s,
-            )
-        )
+        log.improved(current, best, "split")
     return best
