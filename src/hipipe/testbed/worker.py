@@ -112,12 +112,11 @@ def _measure(task: ScheduleTask | TorchTask, job: Job, rank: int, groups: Any) -
             emit(RunDone(key=task.key, index=index, warmup=warm, time_s=elapsed_s))
 
     cpu_s: list[float | None] = []
-    timed = run
 
     def run_reading_cpu() -> object:
         """The run, with the host's busy CPU time read around it (inside the timed window)."""
         before = busy_cpu_s()
-        out = timed()
+        out = run()
         end = busy_cpu_s()
         cpu_s.append(None if before is None or end is None else end - before)
         return out

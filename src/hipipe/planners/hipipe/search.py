@@ -580,9 +580,9 @@ def _sweep(
     log: SearchLog,
 ) -> Candidate | None:
     """The fastest of :data:`SWEEP_SWAPPED` structures after :func:`swap_critical_pairs`:
-    every family (retired ones too, but not :data:`FEW_CHUNK_FAMILIES`) at every K of :data:`SWEEP_CHUNKS` that the ladder did
-    not build (its trials: ``ladder``), and the ladder's own candidates at those Ks
-    (``pool``). Trials and LP work go to ``log``."""
+    every family (retired ones too, but not :data:`FEW_CHUNK_FAMILIES`) at every K of
+    :data:`SWEEP_CHUNKS` that the ladder did not build (its trials: ``ladder``), and the
+    ladder's own candidates at those Ks (``pool``). Trials and LP work go to ``log``."""
     built = {(trial.num_chunks, trial.source) for trial in ladder if trial.makespan_s is not None}
     found = [c for c in pool if c.structure.num_chunks > AT_MOST_MAX_CHUNKS]
     built |= {(c.structure.num_chunks, c.structure.source) for c in found}

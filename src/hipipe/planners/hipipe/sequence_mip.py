@@ -419,7 +419,9 @@ def substitute_orders(
     while improved and solves < SUBSTITUTION_MAX_SOLVES:
         improved = False
         for trial in order_neighbours(best.structure.orders, topology.num_dims):
-            if trial in seen or solves >= SUBSTITUTION_MAX_SOLVES:
+            if solves >= SUBSTITUTION_MAX_SOLVES:
+                break
+            if trial in seen:
                 continue
             seen.add(trial)
             known = len(log.sequence_mips)
