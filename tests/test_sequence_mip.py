@@ -19,7 +19,7 @@ from hipipe.planners.hipipe.candidates import (
     optimize_structure,
     time_unit_s,
 )
-from hipipe.planners.hipipe.enumeration import distinct_first_assignments
+from hipipe.planners.hipipe.enumeration import distinct_first_assignments, screened_order
 from hipipe.planners.hipipe.local_search import nested_descent, nested_descent_timed, swap_critical_pairs
 from hipipe.planners.hipipe.sequence_mip import best_sequences, order_neighbours
 from hipipe.planners.hipipe.sequencing import Rule, list_schedule, longest_path_s
@@ -325,14 +325,36 @@ DISTINCT_FIRST_CASE = (
 DISTINCT_FIRST_OPTIMUM_S = 17.4932e-3
 
 
-def test_distinct_first_assignments_close_most_of_a_four_dim_gap(monkeypatch):
+def test_distinct_first_assignments_and_order_substitutions_close_a_four_dim_gap(monkeypatch):
     topology = Topology(
         dims=tuple(Dimension.make(kind, n, bw, lat) for kind, n, bw, lat in DISTINCT_FIRST_CASE)
     )
     hipipe = plan(topology, GIB, "hipipe", num_chunks=4)
     assert hipipe.makespan_s >= DISTINCT_FIRST_OPTIMUM_S * (1 - 1e-5)
-    assert hipipe.makespan_s <= DISTINCT_FIRST_OPTIMUM_S * 1.016
+    assert hipipe.makespan_s <= DISTINCT_FIRST_OPTIMUM_S * 1.001  # 17.4952 ms
     assert sorted(chunk.order[0][0] for chunk in hipipe.chunks) == [0, 1, 2, 3]
+    assert "substitution" in {trial["source"] for trial in hipipe.info["candidates"]}
+    monkeypatch.setattr(sequence_mip, "SUBSTITUTION_MAX_DIMS", 3)
+    first_only = plan(topology, GIB, "hipipe", num_chunks=4)
+    # 17.755 ms: the distinct-first family alone, one substitution (chunk 1's tail) short
+    assert DISTINCT_FIRST_OPTIMUM_S * 1.01 < first_only.makespan_s <= DISTINCT_FIRST_OPTIMUM_S * 1.016
     monkeypatch.setattr(enumeration, "MAX_DISTINCT_FIRST", 0)
     without = plan(topology, GIB, "hipipe", num_chunks=4)
-    assert without.makespan_s > DISTINCT_FIRST_OPTIMUM_S * 1.05  # 18.49 ms: the family is what closes it
+    assert without.makespan_s > DISTINCT_FIRST_OPTIMUM_S * 1.05  # 18.49 ms: neither step
+
+
+def test_screened_order_ranks_every_neighbour_once_alternating_two_screens():
+    topology = PRESETS["libra-3d"]()
+    message = 256 * 1024**2
+    options = SearchOptions(forced_chunks=4)
+    unit_s = time_unit_s(topology, message, order_mix(topology), options.collective)
+    orders = ((0, 1, 2), (0, 1, 2), (1, 2, 0), (2, 0, 1))
+    neighbours = order_neighbours(orders, 3)
+    log = SearchLog()
+    log.allow(1e9)
+    ranked = screened_order(topology, message, neighbours, options=options, unit_s=unit_s, log=log)
+    assert sorted(ranked) == sorted(neighbours)
+    assert screened_order(topology, message, [], options=options, unit_s=unit_s, log=log) == []
+    # the libra-3d optimum's orders (one substitution from the search's plan): within the first
+    # three, the MIPs a round solves
+    assert ((0, 1, 2), (0, 1, 2), (1, 0, 2), (2, 0, 1)) in ranked[: sequence_mip.SUBSTITUTION_PER_ROUND]
