@@ -32,8 +32,11 @@ lint: $(VENV)/.full
 typecheck: $(VENV)/.full
 	$(VENV)/bin/mypy
 
+# In-process tests on 2 workers; the multi-process ones (`slow`: 8 ranks on the host's
+# cores, testbeds, torchrun) one at a time, since each already keeps every core busy.
 pytest: $(VENV)/.full
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m "not slow" -n 2
+	$(PY) -m pytest -q -m slow
 
 test: lint typecheck pytest
 
