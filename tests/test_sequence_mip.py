@@ -336,7 +336,7 @@ def test_distinct_first_assignments_and_order_substitutions_close_a_four_dim_gap
     assert "substitution" in {trial["source"] for trial in hipipe.info["candidates"]}
     monkeypatch.setattr(sequence_mip, "SUBSTITUTION_MAX_DIMS", 3)
     first_only = plan(topology, GIB, "hipipe", num_chunks=4)
-    # 17.755 ms: the distinct-first family alone, one substitution (chunk 1's tail) short
+    # 17.755 ms: the distinct-first family alone, one substitution ((1, 3, 0, 2) -> (1, 3, 2, 0)) short
     assert DISTINCT_FIRST_OPTIMUM_S * 1.01 < first_only.makespan_s <= DISTINCT_FIRST_OPTIMUM_S * 1.016
     monkeypatch.setattr(enumeration, "MAX_DISTINCT_FIRST", 0)
     without = plan(topology, GIB, "hipipe", num_chunks=4)

@@ -6,8 +6,8 @@ twice, the optimum 0.2341 ms with two different orders). The climb (:mod:`.local
 changes one chunk's order at a time and judges each change by list-scheduled sequences,
 and those optima were two changes away, through plans that look worse before their
 sequences are nested. Chunks are interchangeable, so the candidates are the multisets of
-K orders: 300 pairs on 4 dims, 56 triples on 3 dims, and on 4 dims triples of the orders
-that make the best pairs.
+K orders: 300 pairs on 4 dims, 56 triples on 3 dims, and on 4 dims triples and quadruples
+of the orders that make the best pairs.
 
 Each multiset is first *screened* without an LP: list-scheduled (the nested and the basic
 rule) at equal chunk sizes, then the nested descent at those op durations, judged by the
@@ -72,8 +72,9 @@ to the local search and the sequence MIP: each 4-dim MIP costs about 0.5 s, and 
 (:data:`KEPT`) distinct-first ones made 4-dim K = 4 plans 1.75-1.9x slower (one: 1.4-1.5x)."""
 
 DESCENDED = 128
-"""Of the distinct-first assignments, the best this many by list schedules alone go on to
-the screen's nested descent (on all 1296 it took 5 s on a 2-core host; this, 0.7 s)."""
+"""Of each K = 4 family's multisets (:func:`enumerated_candidates`), the best this many by
+list schedules alone go on to the screen's nested descent (on all 1296 distinct-first
+assignments it took 5 s on a 2-core host; this, 0.7 s)."""
 
 
 def combinations(num_orders: int, num_chunks: int) -> int:

@@ -418,7 +418,7 @@ def substitute_orders(
     A round solves the MIPs of the :data:`SUBSTITUTION_PER_ROUND` neighbours that two cheap
     screens rank best (:func:`.enumeration.screened_order`), not of all of them: on 4 dims
     there are 20 and a fruitless 4-dim MIP costs about 1.2 s. On a generated 4-dim network
-    at 1 GiB, K = 4, one such step (chunk 1's tail ``(3, 0, 2)`` -> ``(2, 3, 0)``) took the
+    at 1 GiB, K = 4, one such step (a chunk's ``(1, 3, 0, 2)`` -> ``(1, 3, 2, 0)``) took the
     plan from 17.755 to 17.495 ms (the proven optimum: 17.493 ms).
     """
     if topology.num_dims > SUBSTITUTION_MAX_DIMS or start.structure.num_chunks < 2:
