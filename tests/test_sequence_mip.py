@@ -312,15 +312,14 @@ def test_distinct_first_assignments_start_each_chunk_on_its_own_dim():
             assert all(sorted(order) == list(range(num_dims)) for order in orders)
 
 
-# A generated 4-dim network of the held-out check (seed 7, case 19) where hipipe at K = 4 was
-# 5.7% above the optimum `hipipe plan --planner exact --chunks 4` proved (17.4932 ms;
-# benchmarks/results/optimality-2cpu-2026-12-02.md): both start their four chunks on four
-# different dims, with different tails everywhere.
 GENERATED_FOUR_DIM = {
     19: "fully_connected 4 25 2000, switch 4 25 500, ring 2 25 500, fully_connected 4 50 5000",
     27: "ring 8 50 500, fully_connected 4 400 2000, switch 4 50 1000, switch 2 100 50",
 }
 """Generated networks of seed 7 (kind, size, GB/s, ns per dim), as the optimality benchmark lists them."""
+# #19: hipipe at K = 4 was 5.7% above the optimum `hipipe plan --planner exact --chunks 4` proved
+# (17.4932 ms; benchmarks/results/optimality-2cpu-2026-12-02.md): both start their four chunks on
+# four different dims, with different tails everywhere.
 DISTINCT_FIRST_OPTIMUM_S = 17.4932e-3
 
 
