@@ -82,6 +82,12 @@ def combinations(num_orders: int, num_chunks: int) -> int:
     return math.comb(num_orders + num_chunks - 1, num_chunks)
 
 
+def enumerates_every_multiset(num_dims: int, num_chunks: int) -> bool:
+    """Whether :func:`enumerated_candidates` tries every order multiset of ``num_chunks``
+    chunks (rather than those of a pool of orders, or none)."""
+    return num_chunks <= MAX_CHUNKS and combinations(math.factorial(num_dims), num_chunks) <= MAX_COMBINATIONS
+
+
 def enumerated_candidates(
     topology: Topology,
     message_bytes: int,
@@ -189,10 +195,12 @@ def screened_order(
     options: SearchOptions,
     unit_s: float,
     log: SearchLog,
+    sizes_bytes: list[np.ndarray] | None = None,
 ) -> list[tuple[Order, ...]]:
     """``combos`` in the order two cheap screens rank them, alternating between the screens
-    (first of one, first of the other, second of one, ...; each combo once): at equal sizes,
-    the time of their nested-descended list schedules; and one LP sizing those sequences.
+    (first of one, first of the other, second of one, ...; each combo once): at equal sizes
+    (or at each combo's ``sizes_bytes``, one per chunk), the time of their nested-descended
+    list schedules; and one LP sizing those sequences.
 
     Neither screen alone ranks the order substitutions well whose MIP-optimal sequences are
     faster (:func:`.sequence_mip.substitute_orders`). From the polished K = 4 plans of four
@@ -208,7 +216,8 @@ def screened_order(
     by_lp: list[tuple[float, int]] = []
     for index, combo in enumerate(combos):
         table = op_table(topology, combo, options.collective)
-        durations = table.durations_s(np.full(len(combo), message_bytes / len(combo)))
+        sizes = np.full(len(combo), message_bytes / len(combo)) if sizes_bytes is None else sizes_bytes[index]
+        durations = table.durations_s(sizes)
         listed = [list_schedule(table, durations, rule) for rule in RULES]
         start = min(listed, key=lambda sequences: longest_path_s(table, durations, sequences))
         descended, descended_s = nested_descent_timed(table, durations, start)

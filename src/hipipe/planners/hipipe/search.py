@@ -47,7 +47,7 @@ from hipipe.planners.hipipe.filler import add_filler
 from hipipe.planners.hipipe.local_search import NEAR_FLOOR, climb_orders, nested_descent, swap_critical_pairs
 from hipipe.planners.hipipe.seeds import baseline_seeds, improve_with_seeds
 from hipipe.planners.hipipe.sequence_mip import MAX_DIMS as POLISH_MAX_DIMS
-from hipipe.planners.hipipe.sequence_mip import polish_sequences, substitute_orders
+from hipipe.planners.hipipe.sequence_mip import polish_sequences, reshape_orders, substitute_orders
 from hipipe.planners.hipipe.splitting import refine_by_splitting
 from hipipe.topology import Topology
 
@@ -551,6 +551,12 @@ def _polished(
     ):
         # Past the enumeration's K, its neighbours one order away, judged by their MIP.
         return substitute_orders(topology, message_bytes, fastest, options=options, unit_s=unit_s, log=log)
+    if max_chunks <= ENUMERATED_MAX_CHUNKS and fastest.makespan_s > floor_s * (1 + NEAR_FLOOR):
+        # Within the enumeration's K, a few reshaping steps judged by their MIP: an order
+        # replaced by any other, or a chunk added.
+        return reshape_orders(
+            topology, message_bytes, fastest, max_chunks=max_chunks, options=options, unit_s=unit_s, log=log
+        )
     return fastest
 
 
