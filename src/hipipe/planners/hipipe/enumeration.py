@@ -197,38 +197,47 @@ def screened_order(
     log: SearchLog,
     sizes_bytes: list[np.ndarray] | None = None,
 ) -> list[tuple[Order, ...]]:
-    """``combos`` in the order two cheap screens rank them, alternating between the screens
-    (first of one, first of the other, second of one, ...; each combo once): at equal sizes
-    (or at each combo's ``sizes_bytes``, one per chunk), the time of their nested-descended
-    list schedules; and one LP sizing those sequences.
+    """``combos`` in the order cheap screens rank them, taking turns between the screens
+    (first of each, then second of each, ...; each combo once). At equal sizes: the time of
+    their nested-descended list schedules, and one LP sizing those sequences. With
+    ``sizes_bytes`` (each combo's sizes, one per chunk): those two screens at those sizes,
+    then the descent at equal sizes as a third.
 
     Neither screen alone ranks the order substitutions well whose MIP-optimal sequences are
     faster (:func:`.sequence_mip.substitute_orders`). From the polished K = 4 plans of four
     generated 4-dim networks and three reference instances (rfs-3d at 64 MiB, libra-3d and
     libra-4d at 256 MiB), the first improving neighbour ranked 1st to 4th by the LP and 1st
     or 2nd by the descent in six of the seven; on libra-4d the only one (0.16%) ranked 10th
-    and 8th of 10.
+    and 8th of 10. The reshaping steps (:func:`.sequence_mip.reshape_orders`) add small
+    chunks, which equal sizes make look slow (the best addition on a held-out 4-dim network
+    ranked 29th of 70 by the equal-size descent, 1st at the plan's sizes), but move chunks to
+    another first dim too, which one held-out network's optimum needed (2nd by the
+    equal-size descent, 6th and 19th at the plan's sizes).
     """
     if not combos:
         return []
     single_lp = replace(options, max_rounds=0)
-    by_descent: list[tuple[float, int]] = []
-    by_lp: list[tuple[float, int]] = []
+    screens: list[list[tuple[float, int]]] = [[], []] if sizes_bytes is None else [[], [], []]
     for index, combo in enumerate(combos):
         table = op_table(topology, combo, options.collective)
-        sizes = np.full(len(combo), message_bytes / len(combo)) if sizes_bytes is None else sizes_bytes[index]
-        durations = table.durations_s(sizes)
+        equal = np.full(len(combo), message_bytes / len(combo))
+        durations = table.durations_s(equal if sizes_bytes is None else sizes_bytes[index])
         listed = [list_schedule(table, durations, rule) for rule in RULES]
         start = min(listed, key=lambda sequences: longest_path_s(table, durations, sequences))
         descended, descended_s = nested_descent_timed(table, durations, start)
         sized = _lp_sized(
             topology, message_bytes, combo, [descended, *listed], options=single_lp, unit_s=unit_s, log=log
         )
-        by_descent.append((descended_s, index))
-        by_lp.append((sized.makespan_s, index))
+        screens[0].append((descended_s, index))
+        screens[1].append((sized.makespan_s, index))
+        if sizes_bytes is not None:
+            durations = table.durations_s(equal)
+            listed = [list_schedule(table, durations, rule) for rule in RULES]
+            start = min(listed, key=lambda sequences: longest_path_s(table, durations, sequences))
+            screens[2].append((nested_descent_timed(table, durations, start)[1], index))
     ranked: list[int] = []
-    for pair in zip(sorted(by_descent), sorted(by_lp), strict=True):
-        for _, index in pair:
+    for turn in zip(*(sorted(screen) for screen in screens), strict=True):
+        for _, index in turn:
             if index not in ranked:
                 ranked.append(index)
     return [combos[index] for index in ranked]
