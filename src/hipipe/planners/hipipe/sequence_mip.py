@@ -21,6 +21,7 @@ machine.
 """
 
 import itertools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -423,36 +424,17 @@ def substitute_orders(
     """
     if topology.num_dims > SUBSTITUTION_MAX_DIMS or start.structure.num_chunks < 2:
         return start
-    best = start
-    solves = 0
-    seen: set[tuple[Order, ...]] = {tuple(sorted(start.structure.orders))}
-    improved = True
-    while improved and solves < SUBSTITUTION_MAX_SOLVES:
-        improved = False
-        fresh = [
-            trial for trial in order_neighbours(best.structure.orders, topology.num_dims) if trial not in seen
-        ]
-        ranked = screened_order(topology, message_bytes, fresh, options=options, unit_s=unit_s, log=log)
-        for trial in ranked[:SUBSTITUTION_PER_ROUND]:
-            if solves >= SUBSTITUTION_MAX_SOLVES:
-                break
-            seen.add(trial)
-            known = len(log.sequence_mips)
-            candidate = _solved(
-                topology,
-                message_bytes,
-                trial,
-                start=None,
-                incumbent=best,
-                source=start.structure.source,
-                options=options,
-                unit_s=unit_s,
-                log=log,
-            )
-            solves += len(log.sequence_mips) - known
-            if candidate is not None and better(best, candidate):
-                best, improved = candidate, True
-                break
+    best = _improving_rounds(
+        topology,
+        message_bytes,
+        start,
+        lambda plan: [(trial, None) for trial in order_neighbours(plan.structure.orders, topology.num_dims)],
+        per_round=SUBSTITUTION_PER_ROUND,
+        max_solves=SUBSTITUTION_MAX_SOLVES,
+        options=options,
+        unit_s=unit_s,
+        log=log,
+    )
     log.improved(start, best, "substitution")
     return best
 
@@ -539,19 +521,52 @@ def reshape_orders(
         or enumerates_every_multiset(topology.num_dims, max_chunks)
     ):
         return start
+    best = _improving_rounds(
+        topology,
+        message_bytes,
+        start,
+        lambda plan: reshaped_neighbours(
+            plan.structure.orders, plan.sizes_bytes, topology.num_dims, max_chunks
+        ),
+        per_round=RESHAPE_PER_ROUND,
+        max_solves=RESHAPE_MAX_SOLVES,
+        options=options,
+        unit_s=unit_s,
+        log=log,
+    )
+    log.improved(start, best, "reshape")
+    return best
+
+
+Neighbour = tuple[tuple[Order, ...], np.ndarray | None]
+"""A plan's orders one step away, with the sizes its screen uses (None: equal sizes)."""
+
+
+def _improving_rounds(
+    topology: Topology,
+    message_bytes: int,
+    start: Candidate,
+    neighbours: Callable[[Candidate], Sequence[Neighbour]],
+    *,
+    per_round: int,
+    max_solves: int,
+    options: SearchOptions,
+    unit_s: float,
+    log: SearchLog,
+) -> Candidate:
+    """The search of :func:`substitute_orders` and :func:`reshape_orders`: each round ranks
+    the unseen ``neighbours`` of the best plan so far (:func:`.enumeration.screened_order`,
+    at their sizes where all have them) and solves the MIPs of the first ``per_round``
+    against it, keeping the first faster plan; rounds go on while one improves, up to
+    ``max_solves`` MIPs (a MIP already in ``log`` costs nothing)."""
     best = start
     solves = 0
     seen: set[tuple[Order, ...]] = {tuple(sorted(start.structure.orders))}
     improved = True
-    while improved and solves < RESHAPE_MAX_SOLVES:
+    while improved and solves < max_solves:
         improved = False
-        fresh = [
-            (orders, sizes)
-            for orders, sizes in reshaped_neighbours(
-                best.structure.orders, best.sizes_bytes, topology.num_dims, max_chunks
-            )
-            if tuple(sorted(orders)) not in seen
-        ]
+        fresh = [(orders, sizes) for orders, sizes in neighbours(best) if tuple(sorted(orders)) not in seen]
+        sizes_bytes = [sizes for _, sizes in fresh if sizes is not None]
         ranked = screened_order(
             topology,
             message_bytes,
@@ -559,10 +574,10 @@ def reshape_orders(
             options=options,
             unit_s=unit_s,
             log=log,
-            sizes_bytes=[sizes for _, sizes in fresh],
+            sizes_bytes=sizes_bytes if fresh and len(sizes_bytes) == len(fresh) else None,
         )
-        for trial in ranked[:RESHAPE_PER_ROUND]:
-            if solves >= RESHAPE_MAX_SOLVES:
+        for trial in ranked[:per_round]:
+            if solves >= max_solves:
                 break
             seen.add(tuple(sorted(trial)))
             known = len(log.sequence_mips)
@@ -577,9 +592,8 @@ def reshape_orders(
                 unit_s=unit_s,
                 log=log,
             )
-            solves += max(1, len(log.sequence_mips) - known)
+            solves += len(log.sequence_mips) - known
             if candidate is not None and better(best, candidate):
                 best, improved = candidate, True
                 break
-    log.improved(start, best, "reshape")
     return best
