@@ -505,7 +505,8 @@ def _polished(
     """The fastest of ``best`` and the enumerated order multisets (:mod:`.enumeration`, where
     few enough), the :data:`POLISHED_STARTS` fastest of them after
     :func:`.sequence_mip.polish_sequences`; past the enumeration's K, the fastest then
-    takes the order substitutions its MIP finds faster (:func:`.sequence_mip.substitute_orders`).
+    takes the order substitutions its MIP finds faster (:func:`.sequence_mip.substitute_orders`),
+    within it the reshaping steps (:func:`.sequence_mip.reshape_orders`).
     ``best`` itself when there is nothing to gain: no plan, the ablations, too many chunks
     or dims, or already at its K's latency floor."""
     if best is None or not (options.climb and options.lp_sizes) or max_chunks > AT_MOST_MAX_CHUNKS:

@@ -441,7 +441,7 @@ def substitute_orders(
 
 RESHAPE_MAX_CHUNKS = 3
 """The reshaping step (:func:`reshape_orders`) runs on plans of at most this many chunks,
-where a sequence MIP costs 0.05-0.2 s (a 4-chunk one on 4 dims: up to 1.2 s)."""
+where a sequence MIP and its re-sizing cost 0.1-0.3 s (a 4-chunk one on 4 dims: up to 1.2 s)."""
 
 RESHAPE_PER_ROUND = 5
 """Neighbours whose MIP a reshaping round solves, the best screened first. On a held-out
@@ -449,7 +449,8 @@ generated 4-dim network (seed 11, #32) the three improving steps to the proven o
 ranked 5th, 2nd and 1st."""
 
 RESHAPE_MAX_SOLVES = 10
-"""Sequence MIPs one reshaping search may solve (about 1.5 s at 3 chunks on 4 dims)."""
+"""Sequence MIPs one reshaping search may solve: 2.5-3.5 s at 3 chunks on 4 dims (a round that
+finds nothing, 1.1-1.3 s)."""
 
 ADDED_SHARE = 0.1
 """The share of the message an added chunk gets in the screen (the others shrink to
@@ -499,7 +500,7 @@ def reshape_orders(
     any chunk's order replaced, or a chunk added), each neighbour judged by its MIP-optimal
     sequences, repeated while that helps. For few-chunk plans (:data:`RESHAPE_MAX_CHUNKS`)
     where the enumeration did not try every order multiset (K = 3 on 4 dims: it pools 10
-    orders). Where it did (K = 2, or 3 dims), the step found nothing on 76 generated
+    orders). Where it did (K = 2, or 3 dims), the step changed no plan on 80 generated
     networks (seeds 7 and 11) and cost 1-1.5 s a plan.
 
     The enumeration (:mod:`.enumeration`) ranks order multisets by list-scheduled and
