@@ -29,7 +29,7 @@ import numpy as np
 from hipipe.planners.hipipe.candidates import Candidate, SearchLog, SearchOptions, better, optimize_structure
 from hipipe.planners.hipipe.local_search import nested_descent, nested_descent_timed, swap_critical_pairs
 from hipipe.planners.hipipe.sequencing import NESTED_RULES, Rule, list_schedule, longest_path_s
-from hipipe.planners.hipipe.structure import Order, Structure, op_table
+from hipipe.planners.hipipe.structure import OpTable, Order, Structure, op_table
 from hipipe.topology import Topology
 
 MAX_COMBINATIONS = 300
@@ -221,26 +221,33 @@ def screened_order(
     for index, combo in enumerate(combos):
         table = op_table(topology, combo, options.collective)
         equal = np.full(len(combo), message_bytes / len(combo))
-        durations = table.durations_s(equal if sizes_bytes is None else sizes_bytes[index])
-        listed = [list_schedule(table, durations, rule) for rule in RULES]
-        start = min(listed, key=lambda sequences: longest_path_s(table, durations, sequences))
-        descended, descended_s = nested_descent_timed(table, durations, start)
+        listed, descended, descended_s = _listed_and_descended(
+            table, table.durations_s(equal if sizes_bytes is None else sizes_bytes[index])
+        )
         sized = _lp_sized(
             topology, message_bytes, combo, [descended, *listed], options=single_lp, unit_s=unit_s, log=log
         )
         screens[0].append((descended_s, index))
         screens[1].append((sized.makespan_s, index))
         if sizes_bytes is not None:
-            durations = table.durations_s(equal)
-            listed = [list_schedule(table, durations, rule) for rule in RULES]
-            start = min(listed, key=lambda sequences: longest_path_s(table, durations, sequences))
-            screens[2].append((nested_descent_timed(table, durations, start)[1], index))
+            screens[2].append((_listed_and_descended(table, table.durations_s(equal))[2], index))
     ranked: list[int] = []
     for turn in zip(*(sorted(screen) for screen in screens), strict=True):
         for _, index in turn:
             if index not in ranked:
                 ranked.append(index)
     return [combos[index] for index in ranked]
+
+
+def _listed_and_descended(
+    table: OpTable, durations_s: np.ndarray
+) -> tuple[list[tuple[tuple[int, ...], ...]], tuple[tuple[int, ...], ...], float]:
+    """The list schedules of :data:`RULES` at ``durations_s``, and the nested descent from
+    the fastest of them with its makespan: :func:`screened_order`'s screens."""
+    listed = [list_schedule(table, durations_s, rule) for rule in RULES]
+    start = min(listed, key=lambda sequences: longest_path_s(table, durations_s, sequences))
+    descended, descended_s = nested_descent_timed(table, durations_s, start)
+    return listed, descended, descended_s
 
 
 def _screened(

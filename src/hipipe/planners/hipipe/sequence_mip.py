@@ -575,7 +575,7 @@ def _improving_rounds(
             options=options,
             unit_s=unit_s,
             log=log,
-            sizes_bytes=sizes_bytes if fresh and len(sizes_bytes) == len(fresh) else None,
+            sizes_bytes=sizes_bytes if len(sizes_bytes) == len(fresh) else None,
         )
         for trial in ranked[:per_round]:
             if solves >= max_solves:
