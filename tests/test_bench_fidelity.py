@@ -548,3 +548,75 @@ def test_reports_show_how_busy_the_host_was_beside_each_plans_cpu_bound() -> Non
     assert rows["pipelined"]["host_busy_cpus"] is None
     # nothing measured anywhere: no line
     assert not any(line.startswith("host CPUs") for line in cell_lines(result_of(GOOD_ROWS), MIB))
+
+
+def test_a_rows_time_is_correlated_with_the_hosts_cpu_over_four_runs_or_more() -> None:
+    from dataclasses import replace
+
+    base = row(THEMIS, (1.0, 1.1, 1.2, 1.3), 1.0)
+    # CPU seconds exactly 1.8 times the wall seconds: r = 1.
+    assert replace(base, host_cpu_s=(1.8, 1.98, 2.16, 2.34)).cpu_time_correlation == pytest.approx(1.0)
+    # Opposite directions: r = -1.
+    assert replace(base, host_cpu_s=(2.34, 2.16, 1.98, 1.8)).cpu_time_correlation == pytest.approx(-1.0)
+    assert math.isnan(base.cpu_time_correlation)  # CPU not read
+    assert math.isnan(replace(base, host_cpu_s=(2.0, 2.0, 2.0, 2.0)).cpu_time_correlation)  # constant CPU
+    three = row(THEMIS, (1.0, 1.1, 1.2), 1.0)
+    assert math.isnan(replace(three, host_cpu_s=(1.8, 1.98, 2.16)).cpu_time_correlation)  # too few runs
+
+
+def _host_bound_result() -> BenchResult:
+    """themis: 1.8 CPUs busy of the 2 the ranks can keep busy, CPU and time in step (host-bound,
+    1.25 of its prediction); hipipe: CPU and time in step but 0.5 CPUs busy (wire-bound);
+    pipelined: 1.9 busy, CPU not following time (r < 0.8)."""
+    from dataclasses import replace
+
+    from hipipe.overheads import Overheads
+
+    themis_times = (2.4, 2.5, 2.6, 2.5)
+    rows = [
+        replace(row("hipipe", (1.0, 1.02, 1.04, 1.06), 1.0), host_cpu_s=(0.5, 0.51, 0.52, 0.53)),
+        replace(row(THEMIS, themis_times, 2.0), host_cpu_s=tuple(1.8 * t for t in themis_times)),
+        replace(row("pipelined", (3.0, 3.1, 3.0, 3.1), 3.0), host_cpu_s=(5.9, 5.7, 5.8, 5.8)),
+        row("hierarchical", (3.05, 3.1, 3.15, 3.1), 3.05),
+    ]
+    result = result_of(rows)
+    overheads = Overheads(host_cores=2.0, host_ranks=4, cpu_step_s=1e-3)
+    return replace(result, topology=replace(result.topology, overheads=overheads))
+
+
+def test_host_bound_rows_are_named_where_the_ratio_goal_misses_them() -> None:
+    from dataclasses import replace
+
+    from hipipe.testbed.fidelity import is_host_bound
+
+    result = _host_bound_result()
+    cell = cell_fidelity(result, MIB)
+    assert cell.host_bound == (THEMIS,)
+    ratio = goal(cell.goals, GOAL_RATIO)
+    assert ratio.met is False  # named, not excused
+    assert ratio.value == (
+        "worst themis 1.250; 1 of 4 outside (themis); host-bound: themis (time follows the host's CPU: r 1.00)"
+    )
+    # Without a calibrated host term nothing is judged host-bound.
+    uncalibrated = replace(
+        result,
+        topology=replace(result.topology, overheads=replace(result.topology.overheads, host_cores=0.0)),
+    )
+    assert cell_fidelity(uncalibrated, MIB).host_bound == ()
+    assert not is_host_bound(result.rows[3], 2.0)  # no CPU read
+    lines = cell_lines(result, MIB)
+    assert (
+        "host CPUs busy during the runs (the ranks can keep 2.00 busy): hipipe 0.50 (time vs CPU r 1.00),"
+        " themis 1.80 (time vs CPU r 1.00), pipelined 1.90 (time vs CPU r -0.71)"
+    ) in lines
+    assert (
+        "host-bound (>= 85% of those CPUs busy, time vs CPU r >= 0.8): themis:"
+        " their run-to-run spread follows the CPU the host spent"
+    ) in lines
+    document = result_to_dict(result)
+    json.dumps(document, allow_nan=False)
+    rows = {r["name"]: r for r in document["rows"]}
+    assert rows[THEMIS]["cpu_time_correlation"] == pytest.approx(1.0)
+    assert rows["hierarchical"]["cpu_time_correlation"] is None
+    planners = document["cells"][0]["planners"]
+    assert planners[THEMIS]["host_bound"] is True and planners["hipipe"]["host_bound"] is False

@@ -16,9 +16,12 @@ from rich.table import Table
 
 from hipipe.schedule import Collective, schedule_to_dict
 from hipipe.testbed.fidelity import (
+    HOST_BOUND_BUSY_SHARE,
+    HOST_BOUND_CORRELATION,
     REDUCTION_PLANNER,
     CellFidelity,
     cell_fidelity,
+    is_host_bound,
     relative_spread,
     result_fidelity,
 )
@@ -49,6 +52,7 @@ def result_to_dict(result: BenchResult) -> dict[str, Any]:
                 "spread": _finite(relative_spread(row)),
                 "host_cpu_s": list(row.host_cpu_s),
                 "host_busy_cpus": _finite(row.host_busy_cpus),
+                "cpu_time_correlation": _finite(row.cpu_time_correlation),
                 "cpu_bound_s": row.cpu_bound_s,
                 "reduction_vs_themis": _finite(result.reduction(row.name, THEMIS, row.message_bytes)),
                 "simulated_reduction_vs_themis": _finite(
@@ -117,6 +121,7 @@ def _cell_to_dict(result: BenchResult, cell: CellFidelity) -> dict[str, Any]:
                 "predicted_s": r.predicted_s,
                 "measured_over_predicted": _finite(r.measured_over_predicted),
                 "spread": _finite(cell.spreads[r.name]),
+                "host_bound": r.name in cell.host_bound,
             }
             for r in rows
         },
@@ -283,22 +288,29 @@ def cell_lines(result: BenchResult, message_bytes: int) -> list[str]:
 
 
 def _cpu_lines(result: BenchResult, message_bytes: int) -> list[str]:
-    """The host's CPUs busy per row beside each plan's CPU bound: which rows the CPU bound."""
+    """The host's CPUs busy per row beside each plan's CPU bound and how closely its runs'
+    times followed their CPU: which rows the host's CPU bound, and which were host-bound."""
     rows = [r for r in result.rows if r.message_bytes == message_bytes and math.isfinite(r.host_busy_cpus)]
     if not rows:
         return []
     overheads = result.topology.overheads
     of = f" (the ranks can keep {overheads.host_cores:.2f} busy)" if overheads.charges_cpu else ""
-    parts = [
-        f"{r.name} {r.host_busy_cpus:.2f}"
-        + (
-            f" (CPU bound {format_time(r.cpu_bound_s)} of predicted {format_time(r.predicted_s)})"
-            if r.cpu_bound_s
-            else ""
+    parts = []
+    for r in rows:
+        notes = []
+        if r.cpu_bound_s:
+            notes.append(f"CPU bound {format_time(r.cpu_bound_s)} of predicted {format_time(r.predicted_s)}")
+        if math.isfinite(r.cpu_time_correlation):
+            notes.append(f"time vs CPU r {r.cpu_time_correlation:.2f}")
+        parts.append(f"{r.name} {r.host_busy_cpus:.2f}" + (f" ({', '.join(notes)})" if notes else ""))
+    lines = [f"host CPUs busy during the runs{of}: " + ", ".join(parts)]
+    bound = [r.name for r in rows if is_host_bound(r, overheads.host_cores)]
+    if bound:
+        lines.append(
+            f"host-bound (>= {HOST_BOUND_BUSY_SHARE:.0%} of those CPUs busy, time vs CPU r >="
+            f" {HOST_BOUND_CORRELATION}): {', '.join(bound)}: their run-to-run spread follows the CPU the host spent"
         )
-        for r in rows
-    ]
-    return [f"host CPUs busy during the runs{of}: " + ", ".join(parts)]
+    return lines
 
 
 def summary_tables(result: BenchResult) -> list[Table]:

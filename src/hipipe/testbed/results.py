@@ -134,6 +134,11 @@ class BenchConfig:
         return per_job.repeats * self.jobs, per_job.max_repeats * self.jobs
 
 
+MIN_CORRELATED_RUNS = 4
+"""Fewest timed runs :attr:`BenchRow.cpu_time_correlation` is computed on: with three, a
+correlation of 0.9 arises by chance one time in seven."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class BenchRow:
     """One planner (or the torch reference) at one message size."""
@@ -176,6 +181,23 @@ class BenchRow:
         if len(self.host_cpu_s) != len(self.times_s) or not self.times_s:
             return math.nan
         return statistics.median(c / t for c, t in zip(self.host_cpu_s, self.times_s, strict=True))
+
+    @property
+    def cpu_time_correlation(self) -> float:
+        """Pearson's r between the timed runs' times and the host's busy CPU seconds over each.
+
+        Near 1 with the host's CPUs nearly all busy, a run took longer *because* the host
+        spent more CPU on it: identical runs of a many-op schedule on the 2-core testbed
+        spend 7-13% different CPU, and their times follow (docs/MODEL.md section 10). NaN
+        with fewer than :data:`MIN_CORRELATED_RUNS` runs, without CPU readings, or when
+        either does not vary.
+        """
+        if len(self.host_cpu_s) != len(self.times_s) or len(self.times_s) < MIN_CORRELATED_RUNS:
+            return math.nan
+        try:
+            return statistics.correlation(self.times_s, self.host_cpu_s)
+        except statistics.StatisticsError:  # constant times or CPU
+            return math.nan
 
     @property
     def measured_over_predicted(self) -> float:
