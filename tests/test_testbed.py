@@ -543,3 +543,40 @@ def test_jitter_is_recovered_from_the_spread_of_traced_ops() -> None:
     )
     fitted = fit_overheads(fits, run)
     assert fitted.jitter_s == pytest.approx(0.004, rel=0.25)
+
+
+def test_every_jobs_trace_joins_the_hand_off_and_jitter_fits() -> None:
+    """Five traced runs (one per worker job) fitted together: the jitter no worse than the
+    median single fit, the hand-off found where single traces miss it; a trace of the wrong
+    length (another schedule's) is left out."""
+    fits = _two_dim_fits()
+    truth = Overheads(op_s=0.002, handoff_s=0.0005, jitter_s=0.004)
+    schedule = overhead_schedule(fits, 4 << 20)
+    on_truth = retime(schedule, calibrated_topology(fits, overheads=truth))
+    traces = []
+    for seed in range(5):
+        starts, ends = replay_op_times_s(on_truth, random.Random(100 + seed))
+        traces.append(tuple(zip(starts, ends, strict=True)))
+    alone = [
+        fit_overheads(fits, OverheadRun(schedule=schedule, times_s=(max(e for _, e in t),), op_times_s=t))
+        for t in traces
+    ]
+    run = OverheadRun(
+        schedule=schedule,
+        times_s=tuple(max(e for _, e in t) for t in traces),
+        op_times_s=traces[0],
+        more_traces=(*traces[1:], traces[0][:-1]),
+    )
+    assert run.traces == tuple(traces)  # the short trace is dropped
+    pooled = fit_overheads(fits, run)
+    pooled_error = abs(pooled.jitter_s - 0.004)
+    assert pooled_error < 0.1 * 0.004
+    assert (
+        pooled_error <= sorted(abs(f.jitter_s - 0.004) for f in alone)[2]
+    )  # no worse than the median single fit
+    # The hand-off is read only where an op did not wait for its dim: under jitter one trace
+    # has too few such ops to fit it (0), five together recover it, and the per-op cost
+    # fitted last comes out near the truth instead of absorbing the missing hand-off.
+    assert all(f.handoff_s == 0.0 for f in alone)
+    assert pooled.handoff_s == pytest.approx(0.0005, rel=0.01)
+    assert pooled.op_s == pytest.approx(0.002, rel=0.1)

@@ -202,6 +202,7 @@ def calibrate_testbed(
     run = None
     if planned and measured is not None:
         times_s = list(measured.times_s)
+        more_traces: list[tuple[tuple[float, float], ...]] = []
         if overhead_jobs > 1:
             key = RunKey(planner="overhead", message_bytes=planned[0].message_bytes)
             rerun = ScheduleTask(
@@ -211,15 +212,19 @@ def calibrate_testbed(
                 repeats=overhead_rule.repeats,
                 max_repeats=overhead_rule.max_repeats,
                 precision=overhead_rule.precision,
+                trace=True,  # each job's trace joins the hand-off and jitter fits
             )
             for job in range(1, overhead_jobs):
                 [result] = run_tasks(layout, [rerun], {key: max(times_s)}, workdir=workdir / f"overhead{job}")
                 times_s += result.times_s
+                if result.op_times_s is not None:
+                    more_traces.append(result.op_times_s)
         run = OverheadRun(
             schedule=planned[0],
             times_s=tuple(times_s),
             op_times_s=measured.op_times_s,
             memory_bytes_per_s=measured.memory_bytes_per_s,
+            more_traces=tuple(more_traces),
         )
     # Every rank runs on this host: they share its CPUs (the host term, docs/MODEL.md section 10).
     return calibration_from_samples(
