@@ -295,9 +295,10 @@ def fit_overheads(
     - streamed op times (``op_curves``) and memory bandwidth: measured directly;
     - hand-off: the median wait of an op whose dimension was already free when its
       chunk's previous op (on another dimension) ended, over every traced run (one per
-      worker job: fitted on one, the hand-off came out 0-0.42 ms and the jitter 1.9-3.6 ms
-      across four calibrations of one testbed, and the per-op cost fitted last traded
-      off against them, 0-2.8 ms);
+      worker job): under jitter a single trace may hold fewer than
+      :data:`MIN_TRACE_SAMPLES` such ops, and the hand-off then stays 0 while the per-op
+      cost fitted last absorbs it (the tests show it on synthetic traces; on the 2-core
+      testbed three calibrations of one cell with pooled traces still read 0-0.5 ms);
     - concurrency: given (:func:`fit_concurrency_slowdown`, from the concurrency pass);
     - the host's CPU: given (``host``'s host terms, :func:`fit_host_cpu`), so the per-op
       cost below is only what the CPU bound leaves unexplained;
