@@ -47,8 +47,8 @@ HOST_BOUND_BUSY_SHARE = 0.85
 HOST_BOUND_CORRELATION = 0.8
 """... and its runs' times followed their host CPU seconds this closely (Pearson's r): it
 was *host-bound*, its time the CPU the host spent, not the wire's. On the 2-core testbed
-the many-op rows show r 0.94-1.00 at 1.76-1.94 busy CPUs, wire-bound ``hierarchical`` rows
-0.3-0.8 at 0.5-0.7."""
+the many-op rows showed r 0.95-0.99 at 1.80-1.94 busy CPUs, wire-bound ``hierarchical`` rows
+-0.52-0.55 at 0.26-0.48 (docs/MODEL.md section 10)."""
 
 GOAL_RATIO = "measured/predicted within 10%"
 GOAL_REDUCTION = "reduction vs themis within 5 points of simulated"

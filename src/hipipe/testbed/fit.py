@@ -369,11 +369,11 @@ def retime(schedule: Schedule, topology: Topology) -> Schedule:
     )
 
 
-Trace = Sequence[tuple[float, float]]
+TracedOps = Sequence[tuple[float, float]]
 """``(start_s, end_s)`` per op of the overhead schedule, one traced run on rank 0."""
 
 
-def _fit_handoff_s(schedule: Schedule, traces: Sequence[Trace]) -> float:
+def _fit_handoff_s(schedule: Schedule, traces: Sequence[TracedOps]) -> float:
     """The median wait, over every trace, of an op whose dim was free when its chunk's
     previous op (on another dim) ended."""
     previous_on_dim: dict[int, int] = {}
@@ -396,7 +396,7 @@ def _fit_handoff_s(schedule: Schedule, traces: Sequence[Trace]) -> float:
     return statistics.median(waits) if len(waits) >= MIN_TRACE_SAMPLES else 0.0
 
 
-def _fit_jitter_s(schedule: Schedule, traces: Sequence[Trace]) -> float:
+def _fit_jitter_s(schedule: Schedule, traces: Sequence[TracedOps]) -> float:
     """The mean arrival delay from rank 0's traced op durations (every trace pooled).
 
     Each op's excess over the model (``schedule``'s topology without jitter: the lines or

@@ -186,9 +186,9 @@ class BenchRow:
     def cpu_time_correlation(self) -> float:
         """Pearson's r between the timed runs' times and the host's busy CPU seconds over each.
 
-        Near 1 with the host's CPUs nearly all busy, a run took longer *because* the host
-        spent more CPU on it: identical runs of a many-op schedule on the 2-core testbed
-        spend 7-13% different CPU, and their times follow (docs/MODEL.md section 10). NaN
+        Near 1 with the host's CPUs nearly all busy, a run took longer when the host spent
+        more CPU on it: identical runs of a many-op schedule on the 2-core testbed vary
+        7-14% in time with r 0.95-0.99 (docs/MODEL.md section 10). NaN
         with fewer than :data:`MIN_CORRELATED_RUNS` runs, without CPU readings, or when
         either does not vary.
         """
