@@ -21,7 +21,6 @@ from hipipe.testbed.fidelity import (
     REDUCTION_PLANNER,
     CellFidelity,
     cell_fidelity,
-    is_host_bound,
     relative_spread,
     result_fidelity,
 )
@@ -278,7 +277,7 @@ def cell_lines(result: BenchResult, message_bytes: int) -> list[str]:
             f"spread (max - min) / median of the timed repeats: up to {100 * cell.spread:.1f}% ({noisiest})"
         )
     lines += [f"misordered: {p.describe()}" for p in cell.misordered]
-    lines += _cpu_lines(result, message_bytes)
+    lines += _cpu_lines(result, cell)
     entry = result.tuning_entry(message_bytes)
     if entry is not None:
         measured = ", ".join(f"{m.name} {format_time(m.median_s)}" for m in entry.measurements)
@@ -287,10 +286,12 @@ def cell_lines(result: BenchResult, message_bytes: int) -> list[str]:
     return lines
 
 
-def _cpu_lines(result: BenchResult, message_bytes: int) -> list[str]:
+def _cpu_lines(result: BenchResult, cell: CellFidelity) -> list[str]:
     """The host's CPUs busy per row beside each plan's CPU bound and how closely its runs'
     times followed their CPU: which rows the host's CPU bound, and which were host-bound."""
-    rows = [r for r in result.rows if r.message_bytes == message_bytes and math.isfinite(r.host_busy_cpus)]
+    rows = [
+        r for r in result.rows if r.message_bytes == cell.message_bytes and math.isfinite(r.host_busy_cpus)
+    ]
     if not rows:
         return []
     overheads = result.topology.overheads
@@ -304,11 +305,10 @@ def _cpu_lines(result: BenchResult, message_bytes: int) -> list[str]:
             notes.append(f"time vs CPU r {r.cpu_time_correlation:.2f}")
         parts.append(f"{r.name} {r.host_busy_cpus:.2f}" + (f" ({', '.join(notes)})" if notes else ""))
     lines = [f"host CPUs busy during the runs{of}: " + ", ".join(parts)]
-    bound = [r.name for r in rows if is_host_bound(r, overheads.host_cores)]
-    if bound:
+    if cell.host_bound:
         lines.append(
             f"host-bound (>= {HOST_BOUND_BUSY_SHARE:.0%} of those CPUs busy, time vs CPU r >="
-            f" {HOST_BOUND_CORRELATION}): {', '.join(bound)}: their run-to-run spread follows the CPU the host spent"
+            f" {HOST_BOUND_CORRELATION}): {', '.join(cell.host_bound)}: their run-to-run spread follows the CPU the host spent"
         )
     return lines
 
