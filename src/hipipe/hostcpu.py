@@ -10,7 +10,11 @@ there is nothing to read, and the host term is simply not calibrated).
 """
 
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 PROC_STAT = Path("/proc/stat")
 
@@ -37,3 +41,24 @@ def usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
+
+
+def reading_cpu(run: Callable[[], T], readings: list[float | None]) -> Callable[[], T]:
+    """``run``, appending the host's busy CPU seconds over each call to ``readings``
+    (None where ``/proc/stat`` cannot be read). Read inside the timed window, so the CPU
+    and the time of one run cover the same span."""
+
+    def wrapped() -> T:
+        before = busy_cpu_s()
+        out = run()
+        end = busy_cpu_s()
+        readings.append(None if before is None or end is None else end - before)
+        return out
+
+    return wrapped
+
+
+def timed_readings(readings: list[float | None], warmup: int) -> tuple[float, ...]:
+    """The readings of the timed runs (after ``warmup``); empty if any could not be read."""
+    timed = readings[warmup:]
+    return tuple(c for c in timed if c is not None) if None not in timed else ()

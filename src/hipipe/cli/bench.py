@@ -32,8 +32,8 @@ from hipipe.cli.common import (
 from hipipe.files import atomic_write_text
 from hipipe.planners import PLANNERS
 from hipipe.report.bench import (
+    calibration_lines,
     cell_lines,
-    describe_calibration,
     describe_rates,
     result_to_dict,
     summary_tables,
@@ -205,8 +205,8 @@ def run(args: argparse.Namespace) -> int:
     console = stderr_console() if args.json == "-" else stdout_console()
     if result.rates:
         console.print(f"rate check: {describe_rates(result)}")
-    if result.calibration is not None:
-        console.print(f"calibration: {describe_calibration(result.calibration)}")
+    for line in calibration_lines(result):
+        console.print(line)
     for table, message_bytes in zip(summary_tables(result), config.messages_bytes, strict=True):
         console.print(table)
         for line in cell_lines(result, message_bytes):

@@ -87,6 +87,10 @@ def result_to_dict(result: BenchResult) -> dict[str, Any]:
             for r in result.rates
         ],
         "calibration": result.calibration.to_dict() if result.calibration else None,
+        # Present when the predictions used a calibration refitted among the rows: the plans' one.
+        "calibration_before_rows": (
+            result.calibration_before_rows.to_dict() if result.calibration_before_rows else None
+        ),
         "topology": topology_to_dict(result.topology),
         "rows": rows,
         # Per message size: the fidelity numbers and the four goals (hipipe.testbed.fidelity).
@@ -179,7 +183,25 @@ def describe_calibration(calibration: Calibration) -> str:
     ]
     if calibration.overhead_times_s:
         parts.append(f"overheads {calibration.overheads.describe()}")
+    if calibration.host_cpu_scale is not None:
+        parts.append(
+            f"host CPU x{calibration.host_cpu_scale:.2f} of the isolated fit (measured in the overhead run)"
+        )
     return "; ".join(parts)
+
+
+def calibration_lines(result: BenchResult) -> list[str]:
+    """What the plans and the predictions were made on: one calibration, or the one before
+    the rows and the one refitted among them."""
+    if result.calibration is None:
+        return []
+    if result.calibration_before_rows is None:
+        return [f"calibration: {describe_calibration(result.calibration)}"]
+    return [
+        f"calibration (plans): {describe_calibration(result.calibration_before_rows)}",
+        "calibration (predictions; its overhead schedule run again among the rows):"
+        f" {describe_calibration(result.calibration)}",
+    ]
 
 
 def describe_rates(result: BenchResult) -> str:
@@ -342,8 +364,7 @@ def render_markdown(result: BenchResult, *, gantt_png: str | None = None) -> str
     ]
     if result.rates:
         lines.append(f"- rate check (TCP goodput, all ranks at once): {describe_rates(result)}")
-    if result.calibration is not None:
-        lines.append(f"- calibration: {describe_calibration(result.calibration)}")
+    lines += [f"- {line}" for line in calibration_lines(result)]
     lines.append(
         f"- wall time {result.wall_s:.0f} s; host 1-min load average {result.load_average[0]:.2f} before,"
         f" {result.load_average[1]:.2f} after ({os.cpu_count()} cores)"

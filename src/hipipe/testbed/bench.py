@@ -37,6 +37,7 @@ from hipipe.testbed.fit import (
     calibration_sizes_bytes,
     fit_all,
     overhead_schedule,
+    refit_on_run,
     retime,
 )
 from hipipe.testbed.launch import run_job
@@ -59,6 +60,9 @@ from hipipe.testbed.results import TUNED_NAME, BenchConfig, BenchResult, BenchRo
 from hipipe.topology import Topology
 from hipipe.tuning.cache import TunedEntry
 from hipipe.units import format_size
+
+OVERHEAD_ROW = "calibration-overhead"
+"""Task name of the calibration's overhead schedule when it runs among the rows."""
 
 ProgressFn = Callable[[int, int, str], None]
 """``(runs done, runs in all, what is running)``."""
@@ -109,7 +113,10 @@ def _run_bench(
             topology = calibration.topology(name=f"testbed-{layout.shape}-calibrated")
         tuning = _tune(layout, topology, config, workdir / "tune", progress) if config.tune else ()
         tuned = config.tuned or tuple(entry.schedule for entry in tuning)
-        rows, panels = _run_plans(layout, topology, config, tuned, workdir / "bench", progress)
+        refit_on = calibration if calibration is not None and config.refit_in_rows else None
+        rows, panels, in_rows = _run_plans(
+            layout, topology, config, tuned, workdir / "bench", progress, refit=refit_on
+        )
     finally:
         netns.down(layout.prefix, state_dir=state_dir)
     return BenchResult(
@@ -117,13 +124,14 @@ def _run_bench(
         prefix=layout.prefix,
         kernel=testbed.kernel.describe(),
         rates=tuple(rates),
-        calibration=calibration,
+        calibration=calibration if in_rows is None else in_rows,
         topology=topology,
         rows=tuple(rows),
         gantt_panels=tuple(panels),
         wall_s=time.monotonic() - started,
         load_average=(load_before, os.getloadavg()[0]),
         tuning=tuning,
+        calibration_before_rows=None if in_rows is None else calibration,
     )
 
 
@@ -202,6 +210,7 @@ def calibrate_testbed(
     run = None
     if planned and measured is not None:
         times_s = list(measured.times_s)
+        cpu_s: list[float] | None = list(measured.host_cpu_s) if measured.host_cpu_s else None
         more_traces: list[tuple[tuple[float, float], ...]] = []
         if overhead_jobs > 1:
             key = RunKey(planner="overhead", message_bytes=planned[0].message_bytes)
@@ -217,6 +226,8 @@ def calibrate_testbed(
             for job in range(1, overhead_jobs):
                 [result] = run_tasks(layout, [rerun], {key: max(times_s)}, workdir=workdir / f"overhead{job}")
                 times_s += result.times_s
+                read_all = len(result.host_cpu_s) == len(result.times_s)
+                cpu_s = cpu_s + list(result.host_cpu_s) if cpu_s is not None and read_all else None
                 if result.op_times_s is not None:
                     more_traces.append(result.op_times_s)
         run = OverheadRun(
@@ -225,6 +236,7 @@ def calibrate_testbed(
             op_times_s=measured.op_times_s,
             memory_bytes_per_s=measured.memory_bytes_per_s,
             more_traces=tuple(more_traces),
+            host_cpu_s=tuple(cpu_s or ()),
         )
     # Every rank runs on this host: they share its CPUs (the host term, docs/MODEL.md section 10).
     return calibration_from_samples(
@@ -303,42 +315,32 @@ def _run_plans(
     tuned_schedules: Sequence[Schedule],
     workdir: Path,
     progress: ProgressFn | None,
-) -> tuple[list[BenchRow], list[tuple[str, Schedule]]]:
+    *,
+    refit: Calibration | None = None,
+) -> tuple[list[BenchRow], list[tuple[str, Schedule]], Calibration | None]:
+    """Plan on ``topology``, run every row, predict each on the calibration it is compared with.
+
+    With ``refit`` (the calibration ``topology`` came from) that has an overhead run, the
+    overhead schedule runs again as one more task of the rows' jobs, and the rows are
+    predicted on the calibration refitted to that run (:func:`refit_on_run`; returned
+    third, else None): it shares the rows' minutes on the host.
+    """
+    overhead = None if refit is None else refit.overhead_run
     tasks: list[ScheduleTask | TorchTask] = []
-    predicted: dict[RunKey, float] = {}
-    # Per planner row, its CPU work on the calibrated host over its CPUs (torch runs its
-    # own algorithm, not a hipipe schedule: no bound).
-    cpu_bound: dict[RunKey, float] = {}
     schedules: dict[RunKey, Schedule] = {}
     tuned = {s.message_bytes: s for s in tuned_schedules}
     for message_bytes in config.messages_bytes:
         for name in config.planners:
             key = RunKey(planner=name, message_bytes=message_bytes)
             schedules[key] = plan(topology, message_bytes, name, collective=config.collective)
-            predicted[key] = predicted_on_s(topology, schedules[key])
         if message_bytes in tuned:
-            key = RunKey(planner=TUNED_NAME, message_bytes=message_bytes)
-            schedules[key] = tuned[message_bytes]
-            predicted[key] = predicted_on_s(topology, tuned[message_bytes])
-        for key, schedule in schedules.items():
-            if key.message_bytes == message_bytes:
-                cpu_bound[key] = cpu_bound_s(replace(schedule, topology=topology))  # its ops, no timing
-                tasks.append(
-                    ScheduleTask(
-                        key=key,
-                        schedule=schedule,
-                        warmup=config.warmup,
-                        repeats=config.repeats,
-                        max_repeats=config.max_repeats,
-                        precision=config.precision,
-                        collective=config.collective,
-                        trace=True,
-                    )
-                )
+            schedules[RunKey(planner=TUNED_NAME, message_bytes=message_bytes)] = tuned[message_bytes]
         if config.include_torch:
+            # torch runs its own algorithm: predicted as the flat ring Gloo runs
             key = RunKey(planner=config.torch_name, message_bytes=message_bytes)
-            ring = plan(topology, message_bytes, "ring", collective=config.collective)
-            predicted[key] = predicted_on_s(topology, ring)
+            schedules[key] = plan(topology, message_bytes, "ring", collective=config.collective)
+    for key, schedule in schedules.items():
+        if key.planner == config.torch_name:
             tasks.append(
                 TorchTask(
                     key=key,
@@ -349,25 +351,64 @@ def _run_plans(
                     collective=config.collective,
                 )
             )
-    results = run_tasks(layout, tasks, predicted, workdir=workdir, progress=progress, jobs=config.jobs)
+        else:
+            tasks.append(_schedule_task(key, schedule, config))
+    overhead_key = None
+    if overhead is not None:
+        overhead_key = RunKey(planner=OVERHEAD_ROW, message_bytes=overhead.schedule.message_bytes)
+        tasks.append(_schedule_task(overhead_key, overhead.schedule, config))
+    timeouts = {key: predicted_on_s(topology, s) for key, s in schedules.items()}
+    if overhead_key is not None and overhead is not None:
+        timeouts[overhead_key] = max(overhead.times_s)
+    results = run_tasks(layout, tasks, timeouts, workdir=workdir, progress=progress, jobs=config.jobs)
+    refitted = None
+    if refit is not None and overhead is not None:
+        [measured] = [r for r in results if r.key == overhead_key]
+        results = [r for r in results if r.key != overhead_key]
+        # The traces fit the hand-off and the jitter: the calibration's and this one, pooled.
+        in_rows = replace(
+            overhead,
+            times_s=measured.times_s,
+            host_cpu_s=measured.host_cpu_s,
+            more_traces=(*overhead.more_traces, *((measured.op_times_s,) if measured.op_times_s else ())),
+        )
+        refitted = refit_on_run(refit, in_rows)
+    predicting_on = topology if refitted is None else refitted.topology(name=topology.name)
     rows: list[BenchRow] = []
     traces: dict[RunKey, tuple[tuple[float, float], ...]] = {}
     for event in results:
+        schedule = schedules[event.key]
+        is_torch = event.key.planner == config.torch_name
         rows.append(
             BenchRow(
                 name=event.key.planner,
                 message_bytes=event.key.message_bytes,
                 num_ranks=layout.num_ranks,
                 times_s=event.times_s,
-                predicted_s=predicted[event.key],
+                predicted_s=predicted_on_s(predicting_on, schedule),
                 collective=config.collective,
                 host_cpu_s=event.host_cpu_s,
-                cpu_bound_s=cpu_bound.get(event.key, 0.0),
+                # its ops' CPU on the calibrated host, no timing (torch's own algorithm: no bound)
+                cpu_bound_s=0.0 if is_torch else cpu_bound_s(replace(schedule, topology=predicting_on)),
             )
         )
         if event.op_times_s is not None:
             traces[event.key] = event.op_times_s
-    return rows, _gantt_panels(config, schedules, traces)
+    return rows, _gantt_panels(config, schedules, traces), refitted
+
+
+def _schedule_task(key: RunKey, schedule: Schedule, config: BenchConfig) -> ScheduleTask:
+    """One traced row of ``schedule`` with the bench's warm-up and repeat rule."""
+    return ScheduleTask(
+        key=key,
+        schedule=schedule,
+        warmup=config.warmup,
+        repeats=config.repeats,
+        max_repeats=config.max_repeats,
+        precision=config.precision,
+        collective=schedule.collective,
+        trace=True,
+    )
 
 
 def run_tasks(

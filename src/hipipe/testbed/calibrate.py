@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from hipipe.errors import HipipeError
-from hipipe.hostcpu import busy_cpu_s
+from hipipe.hostcpu import busy_cpu_s, reading_cpu, timed_readings
 from hipipe.repeats import RepeatRule
 from hipipe.schedule import Schedule
 from hipipe.testbed.fit import (
@@ -127,20 +127,26 @@ def streamed_ops(probe_s: float) -> int:
 
 def measure_overhead_in_process(
     schedule: Schedule, groups: Sequence[Any], *, repeats: int | RepeatRule, timeout_s: float
-) -> tuple[list[float], tuple[tuple[float, float], ...]]:
+) -> tuple[list[float], tuple[tuple[float, float], ...], tuple[float, ...]]:
     """Run the overhead schedule with the executor: one warm-up, the slowest rank's time per
-    repeat, then one traced run: ``(times, this rank's (start_s, end_s) per op)``.
+    repeat, then one traced run: ``(times, this rank's (start_s, end_s) per op, the host's
+    busy CPU seconds per timed repeat)`` (the CPU is rank 0's read, empty on other ranks
+    and where the host cannot be read).
 
     ``schedule`` was planned once (by the parent, or by rank 0 under torchrun) and handed
     to every rank; the executor checks that all ranks hold the same one.
     """
     executor = HierarchicalAllReduce(None, schedule, groups=list(groups), timeout_s=timeout_s)
     tensor = torch.zeros(schedule.message_bytes // 4, dtype=torch.float32)
-    times = timed_runs(lambda: executor.run(tensor), warmup=1, repeats=repeats)
+    readings: list[float | None] = []
+    run = reading_cpu(lambda: executor.run(tensor), readings)
+    times = timed_runs(
+        run if dist.get_rank() == 0 else lambda: executor.run(tensor), warmup=1, repeats=repeats
+    )
     dist.barrier()
     trace = executor.run(tensor, trace=True)
     assert trace is not None
-    return times, tuple((t.start_s, t.end_s) for t in trace.ops)
+    return times, tuple((t.start_s, t.end_s) for t in trace.ops), timed_readings(readings, 1)
 
 
 MEMORY_PROBE_BYTES = 16 * 1024 * 1024
@@ -192,12 +198,15 @@ def calibrate_in_process(
     schedule = Schedule.from_json(
         share_from_rank0(lambda: overhead_schedule(fit_all(sizes, samples), overhead_message_bytes).to_json())
     )
-    times, op_times = measure_overhead_in_process(schedule, groups, repeats=repeats, timeout_s=timeout_s)
+    times, op_times, host_cpu_s = measure_overhead_in_process(
+        schedule, groups, repeats=repeats, timeout_s=timeout_s
+    )
     run = OverheadRun(
         schedule=schedule,
         times_s=tuple(times),
         op_times_s=op_times,
         memory_bytes_per_s=measure_memory_bytes_per_s(),
+        host_cpu_s=host_cpu_s,
     )
     return samples, run
 

@@ -25,7 +25,7 @@ from typing import Any
 from hipipe.cost import group_size
 from hipipe.overheads import OpCurve, Overheads
 from hipipe.planners import plan
-from hipipe.predict import latest_arrival_quantile, op_base_times_s, predicted_s
+from hipipe.predict import cpu_bound_s, latest_arrival_quantile, op_base_times_s, predicted_s
 from hipipe.schedule import Schedule
 from hipipe.simulator import simulate_chunks
 from hipipe.testbed.layout import TestbedError
@@ -248,6 +248,9 @@ class OverheadRun:
     more_traces: tuple[tuple[tuple[float, float], ...], ...] = ()
     """Traced runs of the other worker jobs, like ``op_times_s``: the hand-off and the jitter
     are fitted on every trace together."""
+    host_cpu_s: tuple[float, ...] = ()
+    """The host's busy CPU seconds during each timed repeat, read by rank 0 (empty: not
+    read): what the host's CPU term is scaled to (:func:`host_cpu_scale`)."""
 
     @property
     def traces(self) -> tuple[tuple[tuple[float, float], ...], ...]:
@@ -282,6 +285,35 @@ def fit_concurrency_slowdown(fits: Sequence[DimFit], samples: Sequence[Sample]) 
     return max(0.0, statistics.median(estimates)) if estimates else 0.0
 
 
+def host_cpu_scale(schedule: Schedule, run: OverheadRun) -> float | None:
+    """Measured over modelled host CPU of the overhead run; None when either is missing.
+
+    ``schedule`` is the overhead schedule on a topology whose overheads charge the host's
+    CPU as the isolated samples fitted it (:func:`fit_host_cpu`). Those samples run one op
+    per dim at a time, a few ranks' threads on the cores; a pipelined run keeps every dim
+    busy on every rank, and each step then costs more CPU (threads woken more often,
+    caches shared). On the 2-core testbed the many-op rows spent 1.0-1.5x the CPU the
+    samples' fit charges them, the factor moving with the host from run to run, and the
+    fit itself moved 3x between calibrations: scaled to a run of every dim at once, the CPU
+    bound of a many-op schedule follows its measured time within a few percent where the
+    unscaled one missed by up to 20% (docs/MODEL.md section 10).
+    """
+    overheads = schedule.topology.overheads
+    if not run.host_cpu_s or not overheads.charges_cpu:
+        return None
+    modelled_s = cpu_bound_s(schedule) * overheads.host_cores
+    measured_s = statistics.median(run.host_cpu_s)
+    return measured_s / modelled_s if modelled_s > 0 and measured_s > 0 else None
+
+
+def run_busy_cores(run: OverheadRun) -> float | None:
+    """The CPUs the host kept busy in the overhead run: the median over its timed repeats of
+    busy CPU seconds over seconds (None: CPU not read)."""
+    if not run.host_cpu_s or len(run.host_cpu_s) != len(run.times_s):
+        return None
+    return statistics.median(c / t for c, t in zip(run.host_cpu_s, run.times_s, strict=True) if t > 0)
+
+
 def fit_overheads(
     fits: Sequence[DimFit],
     run: OverheadRun,
@@ -300,8 +332,9 @@ def fit_overheads(
       cost fitted last absorbs it (the tests show it on synthetic traces; on the 2-core
       testbed three calibrations of one cell with pooled traces still read 0-0.5 ms);
     - concurrency: given (:func:`fit_concurrency_slowdown`, from the concurrency pass);
-    - the host's CPU: given (``host``'s host terms, :func:`fit_host_cpu`), so the per-op
-      cost below is only what the CPU bound leaves unexplained;
+    - the host's CPU: given (``host``'s host terms: :func:`fit_host_cpu`, scaled by
+      :func:`host_cpu_scale`), so the per-op cost below is only what the CPU bound leaves
+      unexplained;
     - jitter: the mean of an exponential fitted (by its median absolute deviation) to
       what is left of those excesses;
     - per-op cost: last, by bisection, so that the predicted median (:mod:`hipipe.predict`,
@@ -555,6 +588,11 @@ class Calibration:
     overhead_times_s: tuple[float, ...] = ()
     host_cpu: HostCpuFit | None = None
     """How well the host term's line fits its samples (None: not calibrated)."""
+    host_cpu_scale: float | None = None
+    """The overhead run's measured host CPU over what the samples' fit charges it; the
+    host terms in ``overheads`` are ``host_cpu``'s times this (None: not scaled)."""
+    overhead_run: OverheadRun | None = None
+    """The run the overheads were fitted on (None: no overhead run)."""
 
     def topology(self, name: str = "calibrated") -> Topology:
         return calibrated_topology(self.fits, name=name, overheads=self.overheads)
@@ -566,6 +604,7 @@ class Calibration:
             "overhead_schedule": f"{OVERHEAD_PLANNER} K={OVERHEAD_NUM_CHUNKS}",
             "overhead_message_bytes": self.overhead_message_bytes,
             "overhead_times_s": list(self.overhead_times_s),
+            "overhead_host_cpu_s": list(self.overhead_run.host_cpu_s) if self.overhead_run else [],
         } | (
             {}
             if self.host_cpu is None
@@ -574,6 +613,7 @@ class Calibration:
                     "max_relative_residual": self.host_cpu.max_relative_residual,
                     "num_samples": self.host_cpu.num_samples,
                     "busy_cores": self.host_cpu.busy_cores,
+                    "scale": self.host_cpu_scale,
                 }
             }
         )
@@ -616,14 +656,68 @@ def calibration_from_samples(
             overheads=replace(host, concurrency_slowdown=concurrency, op_curves=curves),
             host_cpu=cpu,
         )
+    return _fitted_on_run(
+        fits, cpu, replace(host, concurrency_slowdown=concurrency, op_curves=curves), overhead
+    )
+
+
+def refit_on_run(calibration: Calibration, run: OverheadRun) -> Calibration:
+    """``calibration`` with its overheads fitted again on ``run``, another run of its
+    overhead schedule: the same lines, curves and isolated CPU fit, the overhead terms and
+    the CPU scale from ``run``.
+
+    ``hipipe bench`` runs the overhead schedule again among its rows' jobs and predicts the
+    rows on this: on a 2-core host the CPU a step costs moves by tens of percent between
+    minutes, and a calibration taken before the rows predicted them from another minute's
+    host (docs/MODEL.md section 10).
+    """
+    if calibration.overhead_run is None:
+        raise TestbedError("this calibration has no overhead run to fit again")
+    if run.schedule != calibration.overhead_run.schedule:
+        raise TestbedError("the run is not of this calibration's overhead schedule")
+    given = calibration.overheads
+    host = Overheads(concurrency_slowdown=given.concurrency_slowdown, op_curves=given.op_curves)
+    if calibration.host_cpu is not None:
+        host = replace(
+            host,
+            host_cores=given.host_cores,
+            host_ranks=given.host_ranks,
+            cpu_step_s=calibration.host_cpu.cpu_step_s,
+            cpu_byte_s=calibration.host_cpu.cpu_byte_s,
+        )
+    return _fitted_on_run(list(calibration.fits), calibration.host_cpu, host, run)
+
+
+def _fitted_on_run(
+    fits: list[DimFit], cpu: HostCpuFit | None, given: Overheads, run: OverheadRun
+) -> Calibration:
+    """The calibration of ``fits`` with the overheads ``run`` measures on top of ``given``
+    (concurrency, curves and the host terms, scaled here to the run's measured CPU).
+
+    The overhead run, every dim busy on every rank for its whole length, may keep more of
+    the host's CPUs busy than the concurrent pass's short windows did (1.80-1.85 against
+    1.72 on a 2x2x2 testbed): the host term then shares the work over the run's count.
+    """
+    scale = host_cpu_scale(replace(run.schedule, topology=calibrated_topology(fits, overheads=given)), run)
+    if scale is not None:
+        given = replace(given, cpu_step_s=given.cpu_step_s * scale, cpu_byte_s=given.cpu_byte_s * scale)
+    busy = run_busy_cores(run)
+    if given.charges_cpu and busy is not None and busy > given.host_cores:
+        given = replace(given, host_cores=busy)
     return Calibration(
         fits=tuple(fits),
         overheads=fit_overheads(
-            fits, overhead, concurrency_slowdown=concurrency, op_curves=curves, host=host
+            fits,
+            run,
+            concurrency_slowdown=given.concurrency_slowdown,
+            op_curves=given.op_curves,
+            host=given,
         ),
-        overhead_message_bytes=overhead.schedule.message_bytes,
-        overhead_times_s=tuple(overhead.times_s),
+        overhead_message_bytes=run.schedule.message_bytes,
+        overhead_times_s=tuple(run.times_s),
         host_cpu=cpu,
+        host_cpu_scale=scale,
+        overhead_run=run,
     )
 
 

@@ -210,6 +210,8 @@ class OverheadTimes:
     hand-off, concurrency and jitter are fitted from it (:mod:`hipipe.testbed.fit`)."""
     memory_bytes_per_s: float = 0.0
     """Rank 0's memory bandwidth for the local reduction (0: not measured)."""
+    host_cpu_s: tuple[float, ...] = ()
+    """The host's busy CPU seconds per timed repeat, read by rank 0 (empty: not read)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -334,6 +336,7 @@ def event_from_line(line: str) -> Event | None:
             times_s=tuple(float(t) for t in data["times_s"]),
             op_times_s=tuple((float(a), float(b)) for a, b in data.get("op_times_s", ())),
             memory_bytes_per_s=float(data.get("memory_bytes_per_s", 0.0)),
+            host_cpu_s=tuple(float(c) for c in data.get("host_cpu_s", ())),
         )
     if tag == "done":
         return JobDone()

@@ -78,6 +78,10 @@ class BenchConfig:
     """Window of the concurrent calibration pass (every dimension busy); 0: isolated only."""
     calibrate_overhead: bool = True
     """Also measure the per-op overhead inside a pipelined run (:func:`fit_overheads`)."""
+    refit_in_rows: bool = True
+    """Run the calibration's overhead schedule again in the rows' jobs and predict the rows
+    on the overheads fitted to that run (:func:`~hipipe.testbed.fit.refit_on_run`); False:
+    on the calibration's own run, taken before the rows."""
     rate_check_s: float = 1.0
     """Seconds of rate check per dimension before the runs; 0 skips it."""
     gantt_planner: str = "hipipe"
@@ -211,7 +215,10 @@ class BenchResult:
     kernel: str
     rates: tuple[DimRate, ...]
     calibration: Calibration | None
+    """What the rows were predicted on: the calibration, refitted on the overhead schedule
+    run among the rows (``config.refit_in_rows``)."""
     topology: Topology
+    """What the plans were made on: the calibration as it stood before the rows."""
     rows: tuple[BenchRow, ...]
     gantt_panels: tuple[tuple[str, Schedule], ...] = field(default=())
     wall_s: float = 0.0
@@ -219,6 +226,9 @@ class BenchResult:
     """1-minute load average before and after: other work on the host skews a measurement."""
     tuning: tuple[TunedEntry, ...] = ()
     """With ``config.tune``: per message size, the candidates measured and the one kept."""
+    calibration_before_rows: Calibration | None = None
+    """The calibration the plans were made on, when the rows' predictions use one refitted
+    among the rows (None: ``calibration`` is that one)."""
 
     def tuning_entry(self, message_bytes: int) -> TunedEntry | None:
         """The tuning of ``message_bytes`` this run did; None without ``config.tune``."""

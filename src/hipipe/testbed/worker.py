@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hipipe.hostcpu import busy_cpu_s
+from hipipe.hostcpu import reading_cpu, timed_readings
 from hipipe.testbed.nsenter import enter_netns
 from hipipe.testbed.protocol import (
     OVERHEAD_SCHEDULE_KEY,
@@ -70,7 +70,7 @@ def _calibrate(task: CalibrateTask, job: Job, rank: int, groups: Any, store: Any
         return
     # The parent fits the samples and plans the schedule once; every rank waits for it here.
     schedule = Schedule.from_json(store.get(OVERHEAD_SCHEDULE_KEY).decode())
-    times, op_times = measure_overhead_in_process(
+    times, op_times, host_cpu_s = measure_overhead_in_process(
         schedule, groups, repeats=task.overhead_rule, timeout_s=job.timeout_s
     )
     if rank == 0:
@@ -80,6 +80,7 @@ def _calibrate(task: CalibrateTask, job: Job, rank: int, groups: Any, store: Any
                 times_s=tuple(times),
                 op_times_s=op_times,
                 memory_bytes_per_s=measure_memory_bytes_per_s(),
+                host_cpu_s=host_cpu_s,
             )
         )
 
@@ -112,18 +113,9 @@ def _measure(task: ScheduleTask | TorchTask, job: Job, rank: int, groups: Any) -
             emit(RunDone(key=task.key, index=index, warmup=warm, time_s=elapsed_s))
 
     cpu_s: list[float | None] = []
-
-    def run_reading_cpu() -> object:
-        """The run, with the host's busy CPU time read around it (inside the timed window)."""
-        before = busy_cpu_s()
-        out = run()
-        end = busy_cpu_s()
-        cpu_s.append(None if before is None or end is None else end - before)
-        return out
-
     # Only rank 0 reports the host's CPU: the other ranks time the bare run.
     times = timed_runs(
-        run_reading_cpu if rank == 0 else run,
+        reading_cpu(run, cpu_s) if rank == 0 else run,
         warmup=task.warmup,
         repeats=task.rule,
         before=workload.fill,
@@ -133,8 +125,7 @@ def _measure(task: ScheduleTask | TorchTask, job: Job, rank: int, groups: Any) -
     if rank == 0:
         trace = traces[0] if traces else None
         op_times = None if trace is None else tuple((t.start_s, t.end_s) for t in trace.ops)
-        timed_cpu_s = cpu_s[task.warmup :]
-        host_cpu_s = () if None in timed_cpu_s else tuple(c for c in timed_cpu_s if c is not None)
+        host_cpu_s = timed_readings(cpu_s, task.warmup)
         emit(RunResult(key=task.key, times_s=tuple(times), op_times_s=op_times, host_cpu_s=host_cpu_s))
 
 
