@@ -7,8 +7,10 @@ five emulated testbeds -- 2 and 3 dims, rate ratios 1:1 to 1:8 -- at two message
 each. Per shape: bring the testbed up, check its rates, calibrate it, tune each size
 (hipipe's best few plans and the baselines, the measured fastest kept), then measure
 hipipe, themis, pipelined, hierarchical and the kept schedule (``hipipe-tuned``); on
-2x4 at 50/200 Mbit/s also ``torch.distributed.all_reduce``. Every prediction is the
-schedule's time on the calibrated topology.
+2x4 at 50/200 Mbit/s also ``torch.distributed.all_reduce``. Every plan is made on the
+calibrated topology; every prediction is the schedule's time on the calibration refitted
+to the overhead schedule run once more among the rows' jobs (same minutes on the host),
+its host CPU term scaled to the CPU that run spent.
 
 Per cell (testbed, size) the card prints the four goals of issue 12, met or MISSED with
 their numbers (:mod:`hipipe.testbed.fidelity`):
@@ -129,8 +131,10 @@ def write_report(
         "",
         "Emulated network: one Linux network namespace per rank behind a bridge, one htb class",
         "per dimension on each rank's veth (classified by destination; pure ACKs unshaped),",
-        "Gloo on CPU. Each testbed is calibrated (`hipipe calibrate`), every plan is made on the",
-        "calibrated topology and its prediction is its time there. Each size is then tuned on the",
+        "Gloo on CPU. Each testbed is calibrated (`hipipe calibrate`) and every plan is made on the",
+        "calibrated topology. The calibration's overhead schedule (pipelined, 32 chunks) runs again",
+        "among the rows' jobs, and each row's prediction is its time on the calibration refitted to",
+        "that run, the host's CPU per step scaled to what the run spent. Each size is then tuned on the",
         "same testbed and calibration (`hipipe bench --tune`: hipipe's best few plans and the",
         "baselines, the smallest median kept) and the kept schedule measured again as `hipipe-tuned`.",
         "Times are the slowest rank's, median of the timed repeats after one warm-up. Every row, tuning",

@@ -8,12 +8,14 @@ import functools
 import json
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from hipipe.cli import main
 from hipipe.planners import plan
+from hipipe.predict import cpu_bound_s
 from hipipe.report.bench import (
     cell_lines,
     fidelity_summary_markdown,
@@ -34,6 +36,15 @@ from hipipe.testbed.fidelity import (
     pair_orders,
     relative_spread,
     tuned_check,
+)
+from hipipe.testbed.fit import (
+    Calibration,
+    OverheadRun,
+    Sample,
+    calibration_from_samples,
+    fit_all,
+    overhead_schedule,
+    retime,
 )
 from hipipe.testbed.layout import Layout, TestbedError
 from hipipe.testbed.protocol import RunKey, RunResult, ScheduleTask
@@ -620,3 +631,84 @@ def test_host_bound_rows_are_named_where_the_ratio_goal_misses_them() -> None:
     assert rows["hierarchical"]["cpu_time_correlation"] is None
     planners = document["cells"][0]["planners"]
     assert planners[THEMIS]["host_bound"] is True and planners["hipipe"]["host_bound"] is False
+
+
+def _cpu_calibration(layout: Layout) -> Calibration:
+    """A calibration of ``layout`` whose host spends 0.5 ms per step and 5 ns per byte, with
+    an overhead run that spent exactly that CPU at 2 busy CPUs."""
+    samples = []
+    for dim, n in enumerate(layout.sizes):
+        bytes_per_s = layout.rates_bits_per_s[dim] / 8
+        for full_bytes in (64 << 10, 1 << 20, 4 << 20):
+            cpu_s = layout.num_ranks * (n - 1) * (5e-4 + full_bytes / n * 5e-9)
+            time_s = 1e-3 + (n - 1) / n * full_bytes / bytes_per_s
+            samples += [
+                Sample(dim=dim, phase=phase, full_bytes=full_bytes, time_s=time_s, host_cpu_s=cpu_s)
+                for phase in ("RS", "AG")
+            ]
+    fits = fit_all(layout.sizes, samples)
+    schedule = overhead_schedule(fits, 4 * MIB)
+    isolated = calibration_from_samples(layout.sizes, samples, host_ranks=layout.num_ranks, host_cores=2)
+    work_s = 2 * cpu_bound_s(retime(schedule, isolated.topology()))
+    run = OverheadRun(schedule=schedule, times_s=(work_s / 2,) * 3, host_cpu_s=(work_s,) * 3)
+    return calibration_from_samples(
+        layout.sizes, samples, overhead=run, host_ranks=layout.num_ranks, host_cores=2
+    )
+
+
+def test_bench_rows_are_predicted_on_the_overhead_schedule_run_again_among_them(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import hipipe.testbed.bench as bench
+
+    layout = Layout(prefix="hp0000", sizes=SIZES, rates_bits_per_s=RATES)
+    calibration = _cpu_calibration(layout)
+    assert calibration.host_cpu_scale == pytest.approx(1.0) and calibration.overhead_run is not None
+    topology = calibration.topology()
+    config = BenchConfig(sizes=SIZES, rates_bits_per_s=RATES, messages_bytes=(MIB,), include_torch=False)
+    ran: list[list[RunKey]] = []
+    slower = 1.4  # the host spends 1.4x the CPU per step in the rows' minutes
+
+    def fake_run_tasks(
+        layout: Layout,
+        tasks: Sequence[ScheduleTask],
+        predicted_s: Mapping[RunKey, float],
+        **_: object,
+    ) -> list[RunResult]:
+        ran.append([t.key for t in tasks])
+        assert set(predicted_s) == {t.key for t in tasks}  # every task has a timeout
+        overhead = calibration.overhead_run
+        assert overhead is not None
+        return [
+            RunResult(
+                key=t.key,
+                times_s=tuple(slower * s for s in overhead.times_s)
+                if t.key.planner == bench.OVERHEAD_ROW
+                else (1.0,),
+                host_cpu_s=tuple(slower * c for c in overhead.host_cpu_s)
+                if t.key.planner == bench.OVERHEAD_ROW
+                else (1.9,),
+            )
+            for t in tasks
+        ]
+
+    monkeypatch.setattr(bench, "run_tasks", fake_run_tasks)
+    rows, _, refitted = bench._run_plans(layout, topology, config, (), tmp_path, None, refit=calibration)
+    overhead_key = RunKey(planner=bench.OVERHEAD_ROW, message_bytes=4 * MIB)
+    assert ran[-1][-1] == overhead_key  # one more task in the rows' jobs ...
+    assert [r.name for r in rows] == list(config.planners)  # ... that is not a row
+    assert refitted is not None and refitted.host_cpu_scale == pytest.approx(slower, rel=1e-9)
+    assert refitted.overhead_times_s == tuple(slower * s for s in calibration.overhead_times_s)
+    on_refit = refitted.topology()
+    for r in rows:
+        schedule = plan(topology, MIB, r.name)  # planned on the calibration before the rows
+        assert r.predicted_s == bench.predicted_on_s(on_refit, schedule)
+        assert r.cpu_bound_s == pytest.approx(
+            slower * cpu_bound_s(replace(schedule, topology=topology)), rel=1e-9
+        )
+    themis = next(r for r in rows if r.name == THEMIS)
+    assert themis.predicted_s > bench.predicted_on_s(topology, plan(topology, MIB, THEMIS))
+    # Without a calibration to refit, the rows alone, predicted on the plans' topology.
+    rows, _, none = bench._run_plans(layout, topology, config, (), tmp_path, None)
+    assert none is None and overhead_key not in ran[-1]
+    assert themis.predicted_s > next(r for r in rows if r.name == THEMIS).predicted_s

@@ -13,7 +13,7 @@ import pytest
 
 from hipipe.cost import group_size
 from hipipe.errors import TopologyError
-from hipipe.hostcpu import busy_cpu_s
+from hipipe.hostcpu import busy_cpu_s, reading_cpu, timed_readings
 from hipipe.overheads import Overheads
 from hipipe.planners import plan
 from hipipe.predict import cpu_bound_s, predict
@@ -26,8 +26,11 @@ from hipipe.testbed.fit import (
     fit_host_cpu,
     host_cores_of,
     overhead_schedule,
+    refit_on_run,
     retime,
+    run_busy_cores,
 )
+from hipipe.testbed.layout import TestbedError
 from hipipe.topology_io import topology_from_dict, topology_to_dict
 
 MIB = 1 << 20
@@ -42,6 +45,17 @@ def test_busy_time_is_read_from_proc_stat_and_nothing_is_made_up(tmp_path: Path)
     stat.write_text("intr 1 2 3\n")
     assert busy_cpu_s(stat) is None
     assert busy_cpu_s(tmp_path / "missing") is None
+
+
+def test_each_run_reads_the_cpu_around_itself_and_a_missed_read_drops_them_all() -> None:
+    readings: list[float | None] = []
+    calls = iter(range(1, 4))
+    run = reading_cpu(lambda: next(calls), readings)
+    assert [run(), run(), run()] == [1, 2, 3]
+    assert len(readings) == 3 and all(r is not None and r >= 0 for r in readings)
+    assert timed_readings(readings, warmup=1) == tuple(readings[1:])
+    assert timed_readings([0.5, None, 0.7], warmup=0) == ()  # one run unread: no CPU for the row
+    assert timed_readings([None, 0.6, 0.7], warmup=1) == (0.6, 0.7)  # the warm-up's does not count
 
 
 def _samples(rng: random.Random, *, noise: float) -> list[Sample]:
@@ -177,3 +191,79 @@ def test_a_calibration_charges_the_host_first_and_the_per_op_cost_only_what_it_l
     without = calibration_from_samples([2, 4], samples, overhead=run)
     assert not without.overheads.charges_cpu
     assert without.overheads.op_s > 0  # the same run, read as a cost of every op
+
+
+def test_the_host_term_is_scaled_to_the_cpu_the_overhead_run_spent() -> None:
+    samples = _samples(random.Random(5), noise=0.0)
+    fits = fit_all([2, 4], samples)
+    schedule = overhead_schedule(fits, 8 << 20)
+    isolated = calibration_from_samples([2, 4], samples, host_ranks=RANKS, host_cores=2)
+    work_s = cpu_bound_s(retime(schedule, isolated.topology())) * 2  # the samples' CPU seconds per run
+    # The run spent 1.5x that CPU, keeping both CPUs busy (the samples had no concurrent pass: 2 charged).
+    times = (1.5 * work_s / 2, 1.5 * work_s / 2)
+    run = OverheadRun(schedule=schedule, times_s=times, host_cpu_s=(1.5 * work_s, 1.5 * work_s))
+    scaled = calibration_from_samples([2, 4], samples, overhead=run, host_ranks=RANKS, host_cores=2)
+    assert scaled.host_cpu_scale == pytest.approx(1.5, rel=1e-9)
+    assert scaled.overheads.cpu_step_s == pytest.approx(1.5 * STEP_S, rel=1e-9)
+    assert scaled.overheads.cpu_byte_s == pytest.approx(1.5 * BYTE_S, rel=1e-9)
+    assert scaled.overheads.host_cores == 2  # no more busy than charged: unchanged
+    assert scaled.host_cpu is not None and scaled.host_cpu.cpu_step_s == pytest.approx(STEP_S, rel=1e-9)
+    assert scaled.to_dict()["host_cpu"]["scale"] == pytest.approx(1.5)
+    # The bound now is the run's measured time: nothing is left for the per-op cost.
+    assert cpu_bound_s(retime(schedule, scaled.topology())) == pytest.approx(1.5 * work_s / 2, rel=1e-9)
+    assert scaled.overheads.op_s == 0.0
+    # Not read (or no host term): no scale, the isolated fit as it was.
+    unread = calibration_from_samples(
+        [2, 4], samples, overhead=replace(run, host_cpu_s=()), host_ranks=RANKS, host_cores=2
+    )
+    assert unread.host_cpu_scale is None and unread.overheads.cpu_step_s == pytest.approx(STEP_S, rel=1e-9)
+    assert calibration_from_samples([2, 4], samples, overhead=run).host_cpu_scale is None
+
+
+def test_a_run_that_keeps_more_cpus_busy_than_the_concurrent_pass_raises_the_cores_charged() -> None:
+    isolated = _samples(random.Random(5), noise=0.0)
+    busy = [replace(s, concurrent=True, host_busy_cores=1.7) for s in isolated[:2]]
+    fits = fit_all([2, 4], isolated)
+    schedule = overhead_schedule(fits, 8 << 20)
+    run = OverheadRun(schedule=schedule, times_s=(1.0, 1.1, 1.2), host_cpu_s=(1.85, 2.0, 2.22))
+    assert run_busy_cores(run) == pytest.approx(1.85)
+    calibration = calibration_from_samples(
+        [2, 4], isolated + busy, overhead=run, host_ranks=RANKS, host_cores=2
+    )
+    assert calibration.overheads.host_cores == pytest.approx(1.85)
+    assert run_busy_cores(replace(run, host_cpu_s=(1.0,))) is None  # not one reading per repeat
+
+
+def test_a_calibration_is_refitted_on_another_run_of_its_overhead_schedule() -> None:
+    samples = _samples(random.Random(5), noise=0.0)
+    fits = fit_all([2, 4], samples)
+    schedule = overhead_schedule(fits, 8 << 20)
+    work_s = (
+        cpu_bound_s(
+            retime(
+                schedule, calibration_from_samples([2, 4], samples, host_ranks=RANKS, host_cores=2).topology()
+            )
+        )
+        * 2
+    )
+    first = OverheadRun(
+        schedule=schedule, times_s=(work_s / 1.9,), host_cpu_s=(work_s,), memory_bytes_per_s=5e9
+    )
+    calibration = calibration_from_samples([2, 4], samples, overhead=first, host_ranks=RANKS, host_cores=2)
+    assert calibration.overhead_run == first and calibration.host_cpu_scale == pytest.approx(1.0)
+    # The host got slower: the same schedule spent 1.3x the CPU in the rows' minutes.
+    later = replace(first, times_s=(1.3 * work_s / 1.9,), host_cpu_s=(1.3 * work_s,))
+    refitted = refit_on_run(calibration, later)
+    assert refitted.host_cpu_scale == pytest.approx(1.3, rel=1e-9)
+    assert refitted.overheads.cpu_step_s == pytest.approx(
+        1.3 * STEP_S, rel=1e-9
+    )  # of the isolated fit, not x1.0 again
+    assert refitted.fits == calibration.fits and refitted.host_cpu == calibration.host_cpu
+    assert refitted.overheads.memory_bytes_per_s == 5e9 and refitted.overhead_times_s == later.times_s
+    # The same run again gives the same calibration.
+    assert refit_on_run(calibration, first) == calibration
+    other = overhead_schedule(fits, 4 << 20)
+    with pytest.raises(TestbedError, match="not of this calibration's overhead schedule"):
+        refit_on_run(calibration, replace(first, schedule=other))
+    with pytest.raises(TestbedError, match="no overhead run"):
+        refit_on_run(calibration_from_samples([2, 4], samples), first)

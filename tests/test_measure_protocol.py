@@ -103,6 +103,9 @@ def test_every_event_round_trips_through_its_line() -> None:
             )
         ),
         OverheadTimes(message_bytes=4096, times_s=(0.2, 0.3)),
+        OverheadTimes(
+            message_bytes=4096, times_s=(0.2, 0.3), host_cpu_s=(0.38, 0.55), memory_bytes_per_s=4e10
+        ),
         JobDone(),
     ]
     for event in events:

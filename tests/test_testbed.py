@@ -446,6 +446,16 @@ def test_testbed_rates_and_one_small_benchmark(tmp_path: Path) -> None:
         # two worker jobs, one run each: every row and the calibration's overhead run has two
         assert all(len(r.times_s) == 2 for r in result.rows)
         assert result.calibration is not None and len(result.calibration.overhead_times_s) == 2
+        # The overhead schedule ran again in the rows' two jobs; the rows were predicted on its refit.
+        before = result.calibration_before_rows
+        assert (
+            before is not None
+            and before.overhead_run is not None
+            and result.calibration.overhead_run is not None
+        )
+        assert result.calibration.overhead_run.schedule == before.overhead_run.schedule
+        assert len(result.calibration.overhead_run.traces) == len(before.overhead_run.traces) + 1
+        assert result_to_dict(result)["calibration_before_rows"] == before.to_dict()
         assert sorted(p.name for p in (tmp_path / "bench" / "bench").iterdir()) == ["job0", "job1"]
         assert len(result.gantt_panels) == 2
     finally:
