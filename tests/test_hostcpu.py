@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from hipipe.cli.calibrate import _yaml as calibrate_yaml
 from hipipe.cost import group_size
 from hipipe.errors import TopologyError
 from hipipe.hostcpu import busy_cpu_s, reading_cpu, timed_readings
@@ -209,6 +210,7 @@ def test_the_host_term_is_scaled_to_the_cpu_the_overhead_run_spent() -> None:
     assert scaled.overheads.host_cores == 2  # no more busy than charged: unchanged
     assert scaled.host_cpu is not None and scaled.host_cpu.cpu_step_s == pytest.approx(STEP_S, rel=1e-9)
     assert scaled.to_dict()["host_cpu"]["scale"] == pytest.approx(1.5)
+    assert "# host CPU per step and per byte: the isolated runs' fit x1.5," in calibrate_yaml(scaled, "test")
     # The bound now is the run's measured time: nothing is left for the per-op cost.
     assert cpu_bound_s(retime(schedule, scaled.topology())) == pytest.approx(1.5 * work_s / 2, rel=1e-9)
     assert scaled.overheads.op_s == 0.0

@@ -75,6 +75,11 @@ def _yaml(calibration: Calibration, source: str) -> str:
         header.append(
             f"# overheads measured inside {OVERHEAD_PLANNER} runs: {calibration.overheads.describe()}"
         )
+    if calibration.host_cpu_scale is not None:
+        header.append(
+            f"# host CPU per step and per byte: the isolated runs' fit x{calibration.host_cpu_scale:.3g},"
+            f" the CPU the {OVERHEAD_PLANNER} runs spent"
+        )
     return "\n".join(header) + "\n" + topology_to_yaml(calibration.topology())
 
 
