@@ -210,7 +210,7 @@ def calibrate_testbed(
     run = None
     if planned and measured is not None:
         times_s = list(measured.times_s)
-        cpu_s: list[float] | None = list(measured.host_cpu_s) if measured.host_cpu_s else None
+        cpu_s: list[float] | None = list(measured.host_cpu_s) if measured.host_cpu_s else None  # None: unread
         more_traces: list[tuple[tuple[float, float], ...]] = []
         if overhead_jobs > 1:
             key = RunKey(planner="overhead", message_bytes=planned[0].message_bytes)
@@ -226,8 +226,7 @@ def calibrate_testbed(
             for job in range(1, overhead_jobs):
                 [result] = run_tasks(layout, [rerun], {key: max(times_s)}, workdir=workdir / f"overhead{job}")
                 times_s += result.times_s
-                read_all = len(result.host_cpu_s) == len(result.times_s)
-                cpu_s = cpu_s + list(result.host_cpu_s) if cpu_s is not None and read_all else None
+                cpu_s = _pooled_cpu(cpu_s, result)
                 if result.op_times_s is not None:
                     more_traces.append(result.op_times_s)
         run = OverheadRun(
@@ -357,7 +356,8 @@ def _run_plans(
     if overhead is not None:
         overhead_key = RunKey(planner=OVERHEAD_ROW, message_bytes=overhead.schedule.message_bytes)
         tasks.append(_schedule_task(overhead_key, overhead.schedule, config))
-    timeouts = {key: predicted_on_s(topology, s) for key, s in schedules.items()}
+    planned_s = {key: predicted_on_s(topology, s) for key, s in schedules.items()}
+    timeouts = dict(planned_s)
     if overhead_key is not None and overhead is not None:
         timeouts[overhead_key] = max(overhead.times_s)
     results = run_tasks(layout, tasks, timeouts, workdir=workdir, progress=progress, jobs=config.jobs)
@@ -374,6 +374,11 @@ def _run_plans(
         )
         refitted = refit_on_run(refit, in_rows)
     predicting_on = topology if refitted is None else refitted.topology(name=topology.name)
+    predicted = (
+        planned_s
+        if refitted is None
+        else {key: predicted_on_s(predicting_on, s) for key, s in schedules.items()}
+    )
     rows: list[BenchRow] = []
     traces: dict[RunKey, tuple[tuple[float, float], ...]] = {}
     for event in results:
@@ -385,7 +390,7 @@ def _run_plans(
                 message_bytes=event.key.message_bytes,
                 num_ranks=layout.num_ranks,
                 times_s=event.times_s,
-                predicted_s=predicted_on_s(predicting_on, schedule),
+                predicted_s=predicted[event.key],
                 collective=config.collective,
                 host_cpu_s=event.host_cpu_s,
                 # its ops' CPU on the calibrated host, no timing (torch's own algorithm: no bound)
@@ -460,9 +465,7 @@ def run_tasks(
         )
         for result in results:
             times[result.key] += result.times_s
-            known = cpu[result.key]
-            read_all = len(result.host_cpu_s) == len(result.times_s)
-            cpu[result.key] = known + list(result.host_cpu_s) if known is not None and read_all else None
+            cpu[result.key] = _pooled_cpu(cpu[result.key], result)
             if result.op_times_s is not None:
                 traces[result.key] = result.op_times_s
     return [
@@ -474,6 +477,13 @@ def run_tasks(
         )
         for t in tasks
     ]
+
+
+def _pooled_cpu(known: list[float] | None, result: RunResult) -> list[float] | None:
+    """``known`` host CPU readings with ``result``'s joined; None once any job could not read
+    one per timed run (a row's CPU is all its runs' or none)."""
+    read_all = len(result.host_cpu_s) == len(result.times_s)
+    return known + list(result.host_cpu_s) if known is not None and read_all else None
 
 
 def _task_for_job(task: ScheduleTask | TorchTask, jobs: int, *, traced: bool) -> ScheduleTask | TorchTask:

@@ -139,9 +139,13 @@ def measure_overhead_in_process(
     executor = HierarchicalAllReduce(None, schedule, groups=list(groups), timeout_s=timeout_s)
     tensor = torch.zeros(schedule.message_bytes // 4, dtype=torch.float32)
     readings: list[float | None] = []
-    run = reading_cpu(lambda: executor.run(tensor), readings)
+
+    def bare() -> object:
+        return executor.run(tensor)
+
+    # Only rank 0 reads the host's CPU: the other ranks time the bare run.
     times = timed_runs(
-        run if dist.get_rank() == 0 else lambda: executor.run(tensor), warmup=1, repeats=repeats
+        reading_cpu(bare, readings) if dist.get_rank() == 0 else bare, warmup=1, repeats=repeats
     )
     dist.barrier()
     trace = executor.run(tensor, trace=True)

@@ -584,8 +584,6 @@ class Calibration:
 
     fits: tuple[DimFit, ...]
     overheads: Overheads = field(default_factory=Overheads)
-    overhead_message_bytes: int = 0
-    overhead_times_s: tuple[float, ...] = ()
     host_cpu: HostCpuFit | None = None
     """How well the host term's line fits its samples (None: not calibrated)."""
     host_cpu_scale: float | None = None
@@ -593,6 +591,16 @@ class Calibration:
     host terms in ``overheads`` are ``host_cpu``'s times this (None: not scaled)."""
     overhead_run: OverheadRun | None = None
     """The run the overheads were fitted on (None: no overhead run)."""
+
+    @property
+    def overhead_message_bytes(self) -> int:
+        """The overhead schedule's message (0: no overhead run)."""
+        return self.overhead_run.schedule.message_bytes if self.overhead_run else 0
+
+    @property
+    def overhead_times_s(self) -> tuple[float, ...]:
+        """The overhead run's timed repeats (empty: no overhead run)."""
+        return self.overhead_run.times_s if self.overhead_run else ()
 
     def topology(self, name: str = "calibrated") -> Topology:
         return calibrated_topology(self.fits, name=name, overheads=self.overheads)
@@ -713,8 +721,6 @@ def _fitted_on_run(
             op_curves=given.op_curves,
             host=given,
         ),
-        overhead_message_bytes=run.schedule.message_bytes,
-        overhead_times_s=tuple(run.times_s),
         host_cpu=cpu,
         host_cpu_scale=scale,
         overhead_run=run,
