@@ -46,7 +46,7 @@ from typing import Any
 from rich.console import Console
 
 from hipipe.files import atomic_write_bytes, atomic_write_text
-from hipipe.repeats import DEFAULT_JOBS
+from hipipe.repeats import DEFAULT_EXTRA_JOBS, DEFAULT_JOBS
 from hipipe.report.bench import (
     cell_lines,
     fidelity_summary_markdown,
@@ -126,6 +126,7 @@ def write_report(
     met = sum(g["met"] is True for g in all_goals)
     checked = sum(g["met"] is not None for g in all_goals)
     jobs = results[0][1].config.jobs if results else 1
+    extra_jobs = results[0][1].config.extra_jobs if results else 0
     lines = [
         f"# Testbed fidelity benchmark ({machine}, {datetime.date.today().isoformat()})",
         "",
@@ -141,7 +142,9 @@ def write_report(
         f"candidate and calibration overhead run is spread over {jobs} worker jobs (the ranks started afresh",
         "for each: a many-op schedule's median moves 10-30% from job to job on this host), each job",
         "repeating the row until its median's standard error is within 2%, between its share of the",
-        "floor and the cap below; `runs` counts every job's runs; `spread` is `(max - min) / median`",
+        "floor and the cap below; a row (or the overhead run among the rows) whose median is still",
+        f"unsettled over all its runs gets up to {extra_jobs} more such jobs (`hipipe bench --extra-jobs`);",
+        "`runs` counts every job's runs; `spread` is `(max - min) / median`",
         "of a row's timed repeats;",
         "`busbw = M/t * 2(N-1)/N`. Reductions are",
         "`1 - t/t_ref`; for themis the simulated one (from the predictions) is shown beside.",
@@ -191,6 +194,12 @@ def main() -> int:
     parser.add_argument(
         "--jobs", type=int, default=DEFAULT_JOBS, help="worker jobs each row's runs are spread over"
     )
+    parser.add_argument(
+        "--extra-jobs",
+        type=int,
+        default=DEFAULT_EXTRA_JOBS,
+        help="more jobs an unsettled row may take (hipipe bench --extra-jobs)",
+    )
     parser.add_argument("--out", type=Path, default=None, help="write the markdown report and PNG here")
     args = parser.parse_args()
     # `kill` must still tear the testbed down (run_bench's finally): make SIGTERM an exception.
@@ -220,6 +229,7 @@ def main() -> int:
             repeats=args.repeats,
             max_repeats=max(args.repeats, args.max_repeats),
             jobs=args.jobs,
+            extra_jobs=args.extra_jobs,
             tune=True,
         )
         console.print(f"[bold]{label}[/bold]: {', '.join(format_size(m) for m in messages)}")

@@ -360,6 +360,8 @@ def test_bench_config_repeats_rows_until_their_median_settles() -> None:
         BenchConfig(sizes=SIZES, rates_bits_per_s=RATES, messages_bytes=(MIB,), precision=-0.1)
     with pytest.raises(TestbedError, match="--jobs must be at least 1, got 0"):
         BenchConfig(sizes=SIZES, rates_bits_per_s=RATES, messages_bytes=(MIB,), jobs=0)
+    with pytest.raises(TestbedError, match="--extra-jobs must be at least 0, got -2"):
+        BenchConfig(sizes=SIZES, rates_bits_per_s=RATES, messages_bytes=(MIB,), extra_jobs=-2)
 
 
 def test_cli_bench_json_and_tune_errors_are_one_line(
@@ -502,6 +504,70 @@ def test_run_tasks_spreads_each_tasks_runs_over_the_jobs_in_a_rotated_order(
         bench.run_tasks(layout, tasks, {t.key: 1.0 for t in tasks}, workdir=tmp_path, jobs=0)
 
 
+def test_rows_still_unsettled_after_the_jobs_get_more_jobs_until_they_settle(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import hipipe.testbed.bench as bench
+
+    layout = Layout(prefix="hp0000", sizes=SIZES, rates_bits_per_s=RATES)
+    topology = layout.nominal_topology()
+    names = ("hipipe", THEMIS, "pipelined", "hierarchical")
+    tasks = [
+        ScheduleTask(
+            key=RunKey(planner=name, message_bytes=MIB),
+            schedule=plan(topology, MIB, name),
+            warmup=1,
+            repeats=3,
+            max_repeats=12,
+            precision=0.02,
+            trace=True,
+        )
+        for name in names
+    ]
+    seen: list[tuple[Path, list[ScheduleTask]]] = []
+
+    def times(job: int, task: ScheduleTask) -> tuple[float, ...]:
+        if task.key.planner == THEMIS:  # jobs disagree; the extra jobs agree on 1.5 s
+            return (1.0, 2.0) if job <= 3 else (1.5,) * task.rule.max_repeats
+        if task.key.planner == "pipelined":  # never settles
+            return (1.0, 2.0)
+        return (1.0,) * task.rule.repeats
+
+    def fake_run_job(
+        layout: Layout, tasks: Sequence[ScheduleTask], *, workdir: Path, on_event: object = None, **_: float
+    ) -> list[RunResult]:
+        seen.append((workdir, list(tasks)))
+        return [RunResult(key=t.key, times_s=times(len(seen), t), host_cpu_s=()) for t in tasks]
+
+    monkeypatch.setattr(bench, "run_job", fake_run_job)
+    results = bench.run_tasks(
+        layout, tasks, {t.key: 1.0 for t in tasks}, workdir=tmp_path, jobs=3, extra_jobs=3
+    )
+    # three jobs of every task, then extra jobs of the unsettled ones only, each with the
+    # same share of runs and no trace; Themis settles after two extra jobs, pipelined never
+    assert [workdir.name for workdir, _ in seen] == [f"job{j}" for j in range(6)]
+    assert [sorted(t.key.planner for t in ran) for _, ran in seen[3:]] == [
+        sorted([THEMIS, "pipelined"]),
+        sorted([THEMIS, "pipelined"]),
+        ["pipelined"],
+    ]
+    assert all((t.repeats, t.max_repeats, t.trace) == (2, 4, False) for _, ran in seen[3:] for t in ran)
+    by_name = {r.key.planner: r for r in results}
+    assert by_name[THEMIS].times_s == (1.0, 2.0) * 3 + (1.5,) * 8
+    assert by_name["pipelined"].times_s == (1.0, 2.0) * 6
+    assert by_name["hipipe"].times_s == (1.0,) * 6
+    assert [r.key for r in results] == [t.key for t in tasks]
+    # no extra jobs when every task settled, and none asked for
+    seen.clear()
+    bench.run_tasks(layout, tasks[:1], {tasks[0].key: 1.0}, workdir=tmp_path, jobs=3, extra_jobs=3)
+    assert len(seen) == 3
+    seen.clear()
+    bench.run_tasks(layout, tasks, {t.key: 1.0 for t in tasks}, workdir=tmp_path, jobs=3)
+    assert len(seen) == 3
+    with pytest.raises(TestbedError, match="--extra-jobs must be at least 0, got -1"):
+        bench.run_tasks(layout, tasks, {t.key: 1.0 for t in tasks}, workdir=tmp_path, jobs=3, extra_jobs=-1)
+
+
 def test_the_report_counts_runs_over_every_job() -> None:
     from dataclasses import replace
 
@@ -512,7 +578,11 @@ def test_the_report_counts_runs_over_every_job() -> None:
         "2 to 4 timed repeats (until the median's standard error is within 2%) in each of 3 worker jobs"
         in text
     )
-    assert "(median of 6-12 runs in 3 jobs)" in str(summary_tables(result)[0].title)
+    assert "in each of 3 worker jobs per row (up to 3 more jobs for a row whose median is unsettled" in text
+    assert "(median of 6-12 runs in 3 jobs, up to 3 more jobs if unsettled)" in str(
+        summary_tables(result)[0].title
+    )
+    assert result_to_dict(result)["extra_jobs"] == 3
     single = replace(result, config=replace(result.config, jobs=1, repeats=2, max_repeats=2))
     assert single.config.runs_range == (2, 2)
     text = render_markdown(single)

@@ -44,6 +44,17 @@ def test_one_outlying_run_asks_for_more_but_cannot_hold_a_settled_median() -> No
     assert settled < 12
 
 
+def test_a_measurement_is_settled_when_its_median_is_pinned_down_over_every_job() -> None:
+    rule = RepeatRule(repeats=3, max_repeats=12, precision=0.02)
+    assert rule.settled([1.0, 1.01, 0.99])
+    assert not rule.settled([1.0, 2.0] * 3)  # three jobs that disagree
+    assert not rule.settled([1.0, 2.0] * 3 + [1.5] * 4)
+    assert rule.settled([1.0, 2.0] * 3 + [1.5] * 8)  # more jobs pin the median between them
+    # a fixed count, or no precision asked for, is settled whatever the spread
+    assert RepeatRule.fixed(3).settled([1.0, 2.0, 3.0])
+    assert RepeatRule(repeats=3, max_repeats=12).settled([1.0, 2.0, 3.0])
+
+
 def test_a_rule_refuses_what_cannot_be_met() -> None:
     with pytest.raises(ValueError, match="at least one timed run"):
         RepeatRule(repeats=0, max_repeats=3)

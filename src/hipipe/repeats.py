@@ -36,6 +36,18 @@ benchmark run, the same Themis schedules measured 0.89-1.32x in the rows' job wh
 had in the tuning job just before (hierarchical's few large ops: 0.998-1.008x). No
 number of runs in one job averages that out; runs from several jobs do."""
 
+DEFAULT_EXTRA_JOBS = 3
+"""Worker jobs a bench row (and the overhead run among the rows) may take beyond
+:data:`DEFAULT_JOBS` while its median is unsettled (:meth:`RepeatRule.settled`). Only the
+host-bound many-op rows need them. In one ``hipipe bench`` run of a 2x4 testbed at 4 MiB,
+Themis' and ``pipelined``'s 64-chunk schedules (the same ops, the same predicted CPU)
+spent 0.96x and 1.07x the CPU the calibration charges them, their repeats spreading
+25-28% where hipipe's and hierarchical's spread 1-4%; in the testbed benchmark before
+this rule, the 5 predictions that missed 10% were all such rows, over- and
+under-predicted alike. A row's prediction comes from one such measurement (the overhead
+run) and is compared with another, so both medians' errors add up; more jobs shrink each
+by the square root of their number, on the rows that need it only."""
+
 Z_95 = 1.96
 """Two-sided 95% normal quantile: it places the order statistics of the interval below."""
 
@@ -101,6 +113,14 @@ class RepeatRule:
             return True
         return median_relative_error(times_s) <= self.precision
 
+    def settled(self, times_s: Sequence[float]) -> bool:
+        """Whether ``times_s`` (a measurement's runs so far, over every job) pin its median
+        down: a fixed count is settled by definition; otherwise its median's standard
+        error must be within ``precision``. Decides whether a bench row gets another job."""
+        if self.max_repeats == self.repeats or self.precision == 0:
+            return True
+        return median_relative_error(times_s) <= self.precision
+
     def per_job(self, jobs: int) -> "RepeatRule":
         """This rule's share in each of ``jobs`` worker jobs that take one measurement
         together (:data:`DEFAULT_JOBS`): the floor and the cap split between them, rounded
@@ -135,6 +155,9 @@ def repeat_problem(repeats: int, max_repeats: int, precision: float) -> str | No
     return None
 
 
-def jobs_problem(jobs: int) -> str | None:
-    """What is wrong with ``--jobs`` (one line); None when it is at least 1."""
-    return None if jobs >= 1 else f"--jobs must be at least 1, got {jobs}"
+def jobs_problem(jobs: int, extra_jobs: int = 0) -> str | None:
+    """What is wrong with ``--jobs`` or ``--extra-jobs`` (one line); None when there is at
+    least one job and no negative count of extra ones."""
+    if jobs < 1:
+        return f"--jobs must be at least 1, got {jobs}"
+    return None if extra_jobs >= 0 else f"--extra-jobs must be at least 0, got {extra_jobs}"

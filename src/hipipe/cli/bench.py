@@ -31,6 +31,7 @@ from hipipe.cli.common import (
 )
 from hipipe.files import atomic_write_text
 from hipipe.planners import PLANNERS
+from hipipe.repeats import DEFAULT_EXTRA_JOBS
 from hipipe.report.bench import (
     calibration_lines,
     cell_lines,
@@ -69,6 +70,13 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs per row (default: %(default)s)")
     add_repeat_arguments(parser, what="row")
     add_jobs_argument(parser, what="each row (and the calibration's overhead run)")
+    parser.add_argument(
+        "--extra-jobs",
+        type=int,
+        default=DEFAULT_EXTRA_JOBS,
+        help="testbed: more jobs a row (and the overhead run among the rows) may take while its median"
+        " is unsettled over all its runs; 0: exactly --jobs (default: %(default)s)",
+    )
     parser.add_argument(
         "--no-calibrate", action="store_true", help="predict with the nominal rates instead of calibrating"
     )
@@ -179,6 +187,7 @@ def run(args: argparse.Namespace) -> int:
         max_repeats=max_repeats_from_args(args),
         precision=args.precision,
         jobs=jobs_from_args(args),
+        extra_jobs=args.extra_jobs,
         calibrate=not args.no_calibrate,
         rate_check_s=args.rate_check_s,
         gantt_planner=args.gantt,

@@ -75,6 +75,7 @@ def result_to_dict(result: BenchResult) -> dict[str, Any]:
         "max_repeats": config.max_repeats,
         "precision": config.precision,
         "jobs": config.jobs,
+        "extra_jobs": config.extra_jobs,
         "kernel": result.kernel,
         "rate_check": [
             {
@@ -271,14 +272,26 @@ def _what(config: BenchConfig) -> str:
 def _runs(config: BenchConfig) -> str:
     fewest, most = config.runs_range
     runs = f"{fewest}" if fewest == most else f"{fewest}-{most}"
-    return f"{runs} runs" + (f" in {config.jobs} jobs" if config.jobs > 1 else "")
+    extra = config.usable_extra_jobs
+    return (
+        f"{runs} runs"
+        + (f" in {config.jobs} jobs" if config.jobs > 1 else "")
+        + (f", up to {extra} more jobs if unsettled" if extra else "")
+    )
 
 
 def _repeats(config: BenchConfig) -> str:
     """How a row is timed, in words: the rule, and its share per worker job."""
+    extra = config.usable_extra_jobs
+    more = (
+        f" (up to {extra} more jobs for a row whose median is unsettled over all its runs)" if extra else ""
+    )
     if config.jobs == 1:
-        return config.repeat_rule.describe()
-    return f"{config.repeat_rule.per_job(config.jobs).describe()} in each of {config.jobs} worker jobs"
+        return config.repeat_rule.describe() + " per row" + more
+    return (
+        f"{config.repeat_rule.per_job(config.jobs).describe()} in each of {config.jobs} worker jobs per row"
+        + more
+    )
 
 
 def goal_mark(met: bool | None) -> str:
@@ -359,7 +372,7 @@ def render_markdown(result: BenchResult, *, gantt_png: str | None = None) -> str
     lines = [
         f"## {_what(config)}{shape} at " + ", ".join(format_rate(r) for r in config.rates_bits_per_s),
         "",
-        f"- ranks: {math.prod(config.sizes)}; warm-up {config.warmup}, {_repeats(config)} per row;"
+        f"- ranks: {math.prod(config.sizes)}; warm-up {config.warmup}, {_repeats(config)};"
         f" kernel: {result.kernel}",
     ]
     if result.rates:

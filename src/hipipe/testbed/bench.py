@@ -26,7 +26,7 @@ from hipipe.files import scratch_dir
 from hipipe.hostcpu import usable_cores
 from hipipe.planners import BASELINES, plan
 from hipipe.predict import cpu_bound_s, predicted_s
-from hipipe.repeats import RepeatRule
+from hipipe.repeats import RepeatRule, jobs_problem
 from hipipe.schedule import Schedule
 from hipipe.testbed import netns
 from hipipe.testbed.fit import (
@@ -360,7 +360,15 @@ def _run_plans(
     timeouts = dict(planned_s)
     if overhead_key is not None and overhead is not None:
         timeouts[overhead_key] = max(overhead.times_s)
-    results = run_tasks(layout, tasks, timeouts, workdir=workdir, progress=progress, jobs=config.jobs)
+    results = run_tasks(
+        layout,
+        tasks,
+        timeouts,
+        workdir=workdir,
+        progress=progress,
+        jobs=config.jobs,
+        extra_jobs=config.extra_jobs,
+    )
     refitted = None
     if refit is not None and overhead is not None:
         [measured] = [r for r in results if r.key == overhead_key]
@@ -424,6 +432,7 @@ def run_tasks(
     workdir: Path,
     progress: ProgressFn | None = None,
     jobs: int = 1,
+    extra_jobs: int = 0,
 ) -> list[RunResult]:
     """Run measurement tasks on a testbed that is up; one result per task, in order.
 
@@ -432,32 +441,46 @@ def run_tasks(
     (:meth:`~hipipe.repeats.RepeatRule.per_job`), and its times are those of every job in
     turn: on a shared host a many-op schedule's median moves by tens of percent from job
     to job (:data:`~hipipe.repeats.DEFAULT_JOBS`). Each job starts at another task, so
-    no task always runs first (cold) or last. Only the last job traces.
+    no task always runs first (cold) or last. Only the last of the ``jobs`` jobs traces.
+
+    Then up to ``extra_jobs`` more jobs run the tasks whose median is still unsettled over
+    all their runs (:meth:`~hipipe.repeats.RepeatRule.settled`), each with the same share
+    of runs, until every task is settled (:data:`~hipipe.repeats.DEFAULT_EXTRA_JOBS`).
 
     ``predicted_s`` (per task key) only sizes the timeouts: a run may take several times
     its prediction on a loaded host, but a hang must still end.
     """
     if jobs < 1:
         raise TestbedError(f"need at least one job, got {jobs}")
-    total_runs = jobs * sum(t.warmup + t.rule.per_job(jobs).max_repeats for t in tasks)
+    problem = jobs_problem(jobs, extra_jobs)
+    if problem is not None:
+        raise TestbedError(problem)
+    total_runs = jobs * sum(_runs_in_job(t, jobs) for t in tasks)
     done = 0
     times: dict[RunKey, list[float]] = {t.key: [] for t in tasks}
     cpu: dict[RunKey, list[float] | None] = {t.key: [] for t in tasks}  # None: a job could not read it
     traces: dict[RunKey, tuple[tuple[float, float], ...]] = {}
     if progress:
         progress(0, total_runs, "starting workers")
-    for job in range(jobs):
-        first = job * len(tasks) // jobs  # spread the starts evenly over the tasks
+    for job in range(jobs + extra_jobs):
+        if job < jobs:
+            due = list(tasks)
+            label = f" (job {job + 1} of {jobs})" if jobs > 1 else ""
+        else:
+            due = [t for t in tasks if not t.rule.settled(times[t.key])]
+            if not due:
+                break
+            total_runs += sum(_runs_in_job(t, jobs) for t in due)
+            label = f" (extra job {job - jobs + 1} of up to {extra_jobs}: {len(due)} unsettled)"
+        first = job * len(due) // max(jobs, 1)  # spread the starts evenly over the tasks
         order = [
-            _task_for_job(tasks[(i + first) % len(tasks)], jobs, traced=job == jobs - 1)
-            for i in range(len(tasks))
+            _task_for_job(due[(i + first) % len(due)], jobs, traced=job == jobs - 1) for i in range(len(due))
         ]
-        label = f" (job {job + 1} of {jobs})" if jobs > 1 else ""
         results, done = _run_one_job(
             layout,
             order,
             predicted_s,
-            workdir=workdir / f"job{job}" if jobs > 1 else workdir,
+            workdir=workdir / f"job{job}" if jobs + extra_jobs > 1 else workdir,
             progress=progress,
             done=done,
             total_runs=total_runs,
@@ -477,6 +500,11 @@ def run_tasks(
         )
         for t in tasks
     ]
+
+
+def _runs_in_job(task: ScheduleTask | TorchTask, jobs: int) -> int:
+    """Most runs ``task`` takes in one of ``jobs`` jobs (warm-up included): for progress."""
+    return task.warmup + task.rule.per_job(jobs).max_repeats
 
 
 def _pooled_cpu(known: list[float] | None, result: RunResult) -> list[float] | None:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from hipipe.cost import busbw_bytes_per_s
 from hipipe.repeats import (
+    DEFAULT_EXTRA_JOBS,
     DEFAULT_JOBS,
     DEFAULT_MAX_REPEATS,
     DEFAULT_PRECISION,
@@ -70,6 +71,9 @@ class BenchConfig:
     jobs: int = DEFAULT_JOBS
     """Worker jobs each row's runs (and the calibration's overhead run, and each tuning
     candidate's) are spread over (:data:`~hipipe.repeats.DEFAULT_JOBS`)."""
+    extra_jobs: int = DEFAULT_EXTRA_JOBS
+    """Jobs a row (and the overhead run among the rows) may take beyond ``jobs`` while its
+    median is unsettled (:data:`~hipipe.repeats.DEFAULT_EXTRA_JOBS`); 0: exactly ``jobs``."""
     calibrate: bool = True
     calibration_sizes_bytes: tuple[int, ...] | None = None
     """None: :func:`calibration_sizes_bytes` of the rates."""
@@ -94,7 +98,9 @@ class BenchConfig:
     """hipipe plans among the tuning candidates (``hipipe tune --best-few``)."""
 
     def __post_init__(self) -> None:
-        problem = repeat_problem(self.repeats, self.max_repeats, self.precision) or jobs_problem(self.jobs)
+        problem = repeat_problem(self.repeats, self.max_repeats, self.precision) or jobs_problem(
+            self.jobs, self.extra_jobs
+        )
         if problem is not None:
             raise TestbedError(problem)
         if self.warmup < 0:
@@ -132,10 +138,18 @@ class BenchConfig:
 
     @property
     def runs_range(self) -> tuple[int, int]:
-        """Fewest and most timed runs a row takes over all its jobs (each job's share of the
-        rule, :meth:`~hipipe.repeats.RepeatRule.per_job`, rounds up)."""
+        """Fewest and most timed runs a row takes over its ``jobs`` jobs (each job's share
+        of the rule, :meth:`~hipipe.repeats.RepeatRule.per_job`, rounds up); an unsettled row
+        may take :attr:`usable_extra_jobs` more jobs of the same share."""
         per_job = self.repeat_rule.per_job(self.jobs)
         return per_job.repeats * self.jobs, per_job.max_repeats * self.jobs
+
+    @property
+    def usable_extra_jobs(self) -> int:
+        """The extra jobs an unsettled row may take: ``extra_jobs``, or 0 for a fixed count
+        (a fixed count is always settled)."""
+        rule = self.repeat_rule
+        return self.extra_jobs if rule.max_repeats > rule.repeats and rule.precision > 0 else 0
 
 
 MIN_CORRELATED_RUNS = 4
