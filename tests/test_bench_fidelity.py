@@ -415,7 +415,7 @@ def test_bench_tune_json_on_a_tiny_testbed(
         "hipipe,themis",
     ]
     argv += ["--no-torch", "--no-calibrate", "--rate-check-s", "0", "--repeats", "1", "--best-few", "2"]
-    argv += ["--jobs", "1"]
+    argv += ["--jobs", "1", "--extra-jobs", "0"]
     try:
         assert main([*argv, "--tune", "--json", "-"]) == 0, capsys.readouterr().err
     finally:

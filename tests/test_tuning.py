@@ -341,7 +341,7 @@ def test_hipipe_tune_on_a_tiny_testbed_keeps_the_measured_fastest(
     )
     argv = ["bench", "--testbed", "2x2", "--rates", "40,120Mbit", "--size", "256KiB", "--planners", "themis"]
     argv += ["--no-torch", "--no-calibrate", "--rate-check-s", "0", "--repeats", "1", "--jobs", "1"]
-    argv += ["--tuned", str(cache)]
+    argv += ["--extra-jobs", "0", "--tuned", str(cache)]
     try:
         assert main([*argv, "-o", str(tmp_path / "bench")]) == 0, capsys.readouterr().err
     finally:
