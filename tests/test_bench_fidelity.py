@@ -437,14 +437,11 @@ def test_bench_tune_json_on_a_tiny_testbed(
     assert not (tmp_path / "bench.png").exists()
 
 
-def test_run_tasks_spreads_each_tasks_runs_over_the_jobs_in_a_rotated_order(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    import hipipe.testbed.bench as bench
-
+def _four_row_tasks() -> tuple[Layout, list[ScheduleTask]]:
+    """A 2x2 layout and one adaptive, traced 1 MiB task for each of four planners."""
     layout = Layout(prefix="hp0000", sizes=SIZES, rates_bits_per_s=RATES)
     topology = layout.nominal_topology()
-    tasks = [
+    return layout, [
         ScheduleTask(
             key=RunKey(planner=name, message_bytes=MIB),
             schedule=plan(topology, MIB, name),
@@ -456,6 +453,14 @@ def test_run_tasks_spreads_each_tasks_runs_over_the_jobs_in_a_rotated_order(
         )
         for name in ("hipipe", THEMIS, "pipelined", "hierarchical")
     ]
+
+
+def test_run_tasks_spreads_each_tasks_runs_over_the_jobs_in_a_rotated_order(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import hipipe.testbed.bench as bench
+
+    layout, tasks = _four_row_tasks()
     seen: list[tuple[Path, list[ScheduleTask]]] = []
 
     def fake_run_job(
@@ -509,21 +514,7 @@ def test_rows_still_unsettled_after_the_jobs_get_more_jobs_until_they_settle(
 ) -> None:
     import hipipe.testbed.bench as bench
 
-    layout = Layout(prefix="hp0000", sizes=SIZES, rates_bits_per_s=RATES)
-    topology = layout.nominal_topology()
-    names = ("hipipe", THEMIS, "pipelined", "hierarchical")
-    tasks = [
-        ScheduleTask(
-            key=RunKey(planner=name, message_bytes=MIB),
-            schedule=plan(topology, MIB, name),
-            warmup=1,
-            repeats=3,
-            max_repeats=12,
-            precision=0.02,
-            trace=True,
-        )
-        for name in names
-    ]
+    layout, tasks = _four_row_tasks()
     seen: list[tuple[Path, list[ScheduleTask]]] = []
 
     def times(job: int, task: ScheduleTask) -> tuple[float, ...]:
