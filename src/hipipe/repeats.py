@@ -113,13 +113,17 @@ class RepeatRule:
             return True
         return median_relative_error(times_s) <= self.precision
 
+    @property
+    def adaptive(self) -> bool:
+        """Whether the count depends on the runs: a cap above the floor and a precision to
+        reach (otherwise a fixed count, always settled)."""
+        return self.max_repeats > self.repeats and self.precision > 0
+
     def settled(self, times_s: Sequence[float]) -> bool:
         """Whether ``times_s`` (a measurement's runs so far, over every job) pin its median
         down: a fixed count is settled by definition; otherwise its median's standard
         error must be within ``precision``. Decides whether a bench row gets another job."""
-        if self.max_repeats == self.repeats or self.precision == 0:
-            return True
-        return median_relative_error(times_s) <= self.precision
+        return not self.adaptive or median_relative_error(times_s) <= self.precision
 
     def per_job(self, jobs: int) -> "RepeatRule":
         """This rule's share in each of ``jobs`` worker jobs that take one measurement

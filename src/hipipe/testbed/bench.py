@@ -472,7 +472,7 @@ def run_tasks(
                 break
             total_runs += sum(_runs_in_job(t, jobs) for t in due)
             label = f" (extra job {job - jobs + 1} of up to {extra_jobs}: {len(due)} unsettled)"
-        first = job * len(due) // max(jobs, 1)  # spread the starts evenly over the tasks
+        first = job * len(due) // jobs  # spread the starts evenly over the tasks
         order = [
             _task_for_job(due[(i + first) % len(due)], jobs, traced=job == jobs - 1) for i in range(len(due))
         ]

@@ -148,8 +148,7 @@ class BenchConfig:
     def usable_extra_jobs(self) -> int:
         """The extra jobs an unsettled row may take: ``extra_jobs``, or 0 for a fixed count
         (a fixed count is always settled)."""
-        rule = self.repeat_rule
-        return self.extra_jobs if rule.max_repeats > rule.repeats and rule.precision > 0 else 0
+        return self.extra_jobs if self.repeat_rule.adaptive else 0
 
 
 MIN_CORRELATED_RUNS = 4
