@@ -61,6 +61,7 @@ def result_to_dict(result: BenchResult) -> dict[str, Any]:
                     result.reduction(row.name, result.config.torch_name, row.message_bytes)
                 ),
             }
+            | ({} if row.schedule is None else {"schedule": schedule_to_dict(row.schedule)})
         )
     return {
         "format": "hipipe.bench",

@@ -403,6 +403,7 @@ def _run_plans(
                 host_cpu_s=event.host_cpu_s,
                 # its ops' CPU on the calibrated host, no timing (torch's own algorithm: no bound)
                 cpu_bound_s=0.0 if is_torch else cpu_bound_s(replace(schedule, topology=predicting_on)),
+                schedule=None if is_torch else schedule,
             )
         )
         if event.op_times_s is not None:

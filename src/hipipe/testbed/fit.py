@@ -363,14 +363,14 @@ def fit_overheads(
     # The relative durations are taken against the model with the per-op cost in, which
     # depends on them in turn: two rounds settle it (the second moves op_s by < 1%).
     for _ in range(2 if traced else 1):
-        overheads = replace(overheads, op_s=_fit_op_s(schedule, overheads, measured_s))
+        overheads = replace(overheads, op_s=fit_op_s(schedule, overheads, measured_s))
         if traced:
             with_op = retime(schedule, replace(base, overheads=replace(overheads, jitter_s=0.0)))
             overheads = replace(overheads, jitter_s=_fit_jitter_s(with_op, traces))
-    return replace(overheads, op_s=_fit_op_s(schedule, overheads, measured_s))
+    return replace(overheads, op_s=fit_op_s(schedule, overheads, measured_s))
 
 
-def _fit_op_s(schedule: Schedule, overheads: Overheads, measured_s: float) -> float:
+def fit_op_s(schedule: Schedule, overheads: Overheads, measured_s: float) -> float:
     """The per-op cost whose predicted median equals ``measured_s`` (the rest fixed); 0 if none."""
 
     def predicted(op_s: float) -> float:

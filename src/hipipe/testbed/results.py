@@ -172,6 +172,9 @@ class BenchRow:
     cpu_bound_s: float = 0.0
     """The plan's CPU work on the calibrated host over its CPUs (0: not charged), the floor
     the prediction includes (:func:`hipipe.predict.cpu_bound_s`)."""
+    schedule: Schedule | None = None
+    """What the row ran (None: torch's own algorithm), kept in the JSON so that a recorded
+    run can be predicted again under a changed model (:mod:`hipipe.testbed.repredict`)."""
 
     @property
     def median_s(self) -> float:

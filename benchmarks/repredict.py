@@ -1,0 +1,125 @@
+"""Recorded testbed runs predicted again by today's cost model, in seconds instead of an hour.
+
+    .venv/bin/python benchmarks/repredict.py FILE [FILE ...] [--keep-op-s]
+
+Each FILE is a ``hipipe bench --json`` document, or the JSON of ``benchmarks/testbed.py``
+(its ``--out`` file, or a log whose last line is its JSON line), which holds one such
+document per testbed. Every planner row is predicted again on the calibration it was
+predicted on when it ran (:mod:`hipipe.testbed.repredict`), with the per-op cost fitted
+again on the recorded overhead run unless ``--keep-op-s``. The card shows, per row, the
+recorded measured / predicted beside today's, and in total how many rows are within 10%
+and the RMS of ``log(measured / predicted)`` then and now. Rows re-planned because the
+document predates recorded schedules are marked ``*``. Needs no root, no testbed and no
+torch. Ends with one JSON line.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from hipipe.errors import HipipeError
+from hipipe.testbed.layout import format_rate
+from hipipe.testbed.repredict import RepredictedRun, repredict_document, rms_log_error
+from hipipe.units import format_size, format_time
+
+WITHIN = 0.10
+"""The fidelity goal of issue 12: measured / predicted within 10%."""
+
+
+def documents_in(path: Path) -> list[dict[str, Any]]:
+    """The bench documents of one file: a document, a testbed benchmark JSON, or a log
+    whose last non-empty line is one of those."""
+    text = path.read_text()
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        lines = [line for line in text.splitlines() if line.strip()]
+        try:
+            data = json.loads(lines[-1]) if lines else None
+        except json.JSONDecodeError:
+            data = None
+    if isinstance(data, dict) and isinstance(data.get("runs"), list):
+        return list(data["runs"])
+    if isinstance(data, dict) and "rows" in data:
+        return [data]
+    raise HipipeError(f"{path}: neither a hipipe bench document nor a testbed benchmark's JSON")
+
+
+def within(ratio: float) -> bool:
+    return abs(ratio - 1.0) <= WITHIN
+
+
+def card(console: Console, run: RepredictedRun) -> None:
+    rates = "/".join(format_rate(r) for r in run.rates_bits_per_s)
+    table = Table(
+        title=f"{run.shape} at {rates}: per-op cost {run.recorded_op_s * 1e3:.3f} ms recorded, "
+        f"{run.op_s * 1e3:.3f} ms now"
+    )
+    for column in ("row", "size", "measured", "predicted then", "then", "predicted now", "now"):
+        table.add_column(column, justify="left" if column == "row" else "right")
+    for row in run.rows:
+        table.add_row(
+            row.name + (" *" if row.replanned else ""),
+            format_size(row.message_bytes),
+            format_time(row.measured_s),
+            format_time(row.recorded_s),
+            _ratio(row.recorded_ratio),
+            format_time(row.predicted_s),
+            _ratio(row.ratio),
+        )
+    console.print(table)
+
+
+def _ratio(value: float) -> str:
+    text = f"{value:.3f}"
+    return text if within(value) else f"[red]{text}[/red]"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("files", type=Path, nargs="+", help="bench documents or testbed benchmark JSON")
+    parser.add_argument(
+        "--keep-op-s", action="store_true", help="keep the recorded per-op cost instead of fitting it again"
+    )
+    args = parser.parse_args()
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+    runs: list[RepredictedRun] = []
+    try:
+        for path in args.files:
+            for document in documents_in(path):
+                runs.append(repredict_document(document, refit_op_s=not args.keep_op_s))
+    except (OSError, HipipeError) as error:
+        console.print(f"[red]error:[/red] {error}", markup=True)
+        return 2
+    for run in runs:
+        card(console, run)
+    rows = [row for run in runs for row in run.rows]
+    then = [row.recorded_ratio for row in rows]
+    now = [row.ratio for row in rows]
+    summary = {
+        "benchmark": "repredict",
+        "rows": len(rows),
+        "replanned": sum(row.replanned for row in rows),
+        "within_10pct_recorded": sum(map(within, then)),
+        "within_10pct_now": sum(map(within, now)),
+        "rms_log_error_recorded": rms_log_error(then),
+        "rms_log_error_now": rms_log_error(now),
+        "op_s_refitted": not args.keep_op_s,
+    }
+    console.print(
+        f"within 10%: {summary['within_10pct_recorded']} of {len(rows)} as recorded, "
+        f"{summary['within_10pct_now']} now; RMS log error {summary['rms_log_error_recorded']:.4f} "
+        f"recorded, {summary['rms_log_error_now']:.4f} now"
+        + (f"; {summary['replanned']} rows re-planned (*)" if summary["replanned"] else "")
+    )
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
