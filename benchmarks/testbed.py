@@ -22,7 +22,8 @@ their numbers (:mod:`hipipe.testbed.fidelity`):
   run-to-run spread ((max - min) / median of the timed repeats).
 
 and, on the torch shape, hipipe >= 2x torch all_reduce at the larger size. It ends with
-one JSON line. ``--out DIR`` writes ``testbed-<machine>-<date>.md`` and ``.png``.
+one JSON line. ``--out DIR`` writes ``testbed-<machine>-<date>.md``, ``.png`` and ``.json``
+(that JSON line: every cell's ``hipipe bench`` document, for ``benchmarks/repredict.py``).
 
 Duration on a quiet 2-core host, 3 to 12 repeats: about 29 minutes (26 with a fixed 3).
 Per shape ~80 s of testbed set-up, rate check, calibration (~40 s), planning and starting the ranks for two
@@ -200,7 +201,7 @@ def main() -> int:
         default=DEFAULT_EXTRA_JOBS,
         help="more jobs an unsettled row may take (hipipe bench --extra-jobs)",
     )
-    parser.add_argument("--out", type=Path, default=None, help="write the markdown report and PNG here")
+    parser.add_argument("--out", type=Path, default=None, help="write the markdown report, PNG and JSON here")
     args = parser.parse_args()
     # `kill` must still tear the testbed down (run_bench's finally): make SIGTERM an exception.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
@@ -247,25 +248,25 @@ def main() -> int:
             f"{mark} {goal['goal']} ({goal['shape']} at {goal['rates']}, {goal['size']}): {goal['value']}"
         )
     machine = f"{os.cpu_count()}cpu"
+    summary = {
+        "benchmark": "testbed",
+        "machine": machine,
+        "goals": all_goals,
+        "goals_met": sum(g["met"] is True for g in all_goals),
+        "goals_checked": sum(g["met"] is not None for g in all_goals),
+        "cpu_busy_before": busy,
+        "wall_s": sum(r.wall_s for _, r in results),
+        "runs": [result_to_dict(r) for _, r in results],
+    }
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         stem = f"testbed-{machine}-{datetime.date.today().isoformat()}"
         write_report(args.out, stem, results, all_goals, busy)
-        console.print(f"[dim]wrote {args.out / stem}.md and .png[/dim]")
-    print(
-        json.dumps(
-            {
-                "benchmark": "testbed",
-                "machine": machine,
-                "goals": all_goals,
-                "goals_met": sum(g["met"] is True for g in all_goals),
-                "goals_checked": sum(g["met"] is not None for g in all_goals),
-                "cpu_busy_before": busy,
-                "wall_s": sum(r.wall_s for _, r in results),
-                "runs": [result_to_dict(r) for _, r in results],
-            }
-        )
-    )
+        # Every row's times and schedule with its calibration: benchmarks/repredict.py
+        # predicts them again under a changed model without another hour on the testbed.
+        atomic_write_text(args.out / f"{stem}.json", json.dumps(summary) + "\n")
+        console.print(f"[dim]wrote {args.out / stem}.md, .png and .json[/dim]")
+    print(json.dumps(summary))
     return 0
 
 
