@@ -222,6 +222,9 @@ hand-offs and the concurrency a pipelined plan has, and a plan the tuner never k
 
 OVERHEAD_NUM_CHUNKS = 32
 
+OVERHEAD_SCHEDULE_NAME = f"{OVERHEAD_PLANNER} K={OVERHEAD_NUM_CHUNKS}"
+"""How a calibration's JSON names its overhead schedule."""
+
 MIN_TRACE_SAMPLES = 5
 """Fewest ops behind a fitted hand-off or concurrency term; fewer: the term stays 0."""
 
@@ -609,7 +612,7 @@ class Calibration:
         return {
             "dims": fits_to_dict(self.fits),
             "overheads": self.overheads.to_dict(),
-            "overhead_schedule": f"{OVERHEAD_PLANNER} K={OVERHEAD_NUM_CHUNKS}",
+            "overhead_schedule": OVERHEAD_SCHEDULE_NAME,
             "overhead_message_bytes": self.overhead_message_bytes,
             "overhead_times_s": list(self.overhead_times_s),
             "overhead_host_cpu_s": list(self.overhead_run.host_cpu_s) if self.overhead_run else [],

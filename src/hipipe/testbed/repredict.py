@@ -26,7 +26,7 @@ from hipipe.overheads import Overheads
 from hipipe.planners import PLANNERS, plan
 from hipipe.predict import predicted_s
 from hipipe.schedule import schedule_from_dict
-from hipipe.testbed.fit import OVERHEAD_NUM_CHUNKS, OVERHEAD_PLANNER, fit_op_s, retime
+from hipipe.testbed.fit import OVERHEAD_NUM_CHUNKS, OVERHEAD_PLANNER, OVERHEAD_SCHEDULE_NAME, fit_op_s, retime
 from hipipe.topology import Topology
 from hipipe.topology_io import topology_from_dict
 
@@ -114,10 +114,10 @@ def repredict_document(document: Any, *, refit_op_s: bool = True) -> Repredicted
 def _with_refitted_op_s(topology: Topology, calibration: dict[str, Any]) -> Topology:
     """``topology`` with the per-op cost fitted again on the calibration's recorded overhead run."""
     times_s = calibration.get("overhead_times_s") or []
-    if calibration.get("overhead_schedule") != f"{OVERHEAD_PLANNER} K={OVERHEAD_NUM_CHUNKS}" or not times_s:
+    if calibration.get("overhead_schedule") != OVERHEAD_SCHEDULE_NAME or not times_s:
         raise HipipeError(
-            f"the calibration has no recorded run of the overhead schedule ({OVERHEAD_PLANNER} "
-            f"K={OVERHEAD_NUM_CHUNKS}) to fit the per-op cost on"
+            f"the calibration has no recorded run of the overhead schedule ({OVERHEAD_SCHEDULE_NAME}) "
+            "to fit the per-op cost on"
         )
     lines_only = replace(topology, overheads=Overheads())
     schedule = plan(
