@@ -9,7 +9,9 @@ predicted on when it ran (:mod:`hipipe.testbed.repredict`), with the per-op cost
 again on the recorded overhead run unless ``--keep-op-s``. The card shows, per row, the
 recorded measured / predicted beside today's, and in total how many rows are within 10%
 and the RMS of ``log(measured / predicted)`` then and now. Rows re-planned because the
-document predates recorded schedules are marked ``*``. Needs no root, no testbed and no
+document predates recorded schedules are marked ``*``. A document with a traced run
+(``hipipe bench --gantt``) gets a second table: that run's op times, measured on rank 0,
+against the replay's mean op times, per (dims, phase, size) and per dim. Needs no root, no testbed and no
 torch. Ends with one JSON line.
 """
 
@@ -25,6 +27,7 @@ from rich.table import Table
 from hipipe.errors import HipipeError
 from hipipe.testbed.layout import format_rate
 from hipipe.testbed.repredict import RepredictedRun, repredict_document, rms_log_error
+from hipipe.testbed.residuals import TraceResiduals
 from hipipe.units import format_size, format_time
 
 WITHIN = 0.10
@@ -73,6 +76,40 @@ def card(console: Console, run: RepredictedRun) -> None:
             _ratio(row.ratio),
         )
     console.print(table)
+    if run.residuals is not None:
+        residual_card(console, run.residuals)
+
+
+def residual_card(console: Console, residuals: TraceResiduals) -> None:
+    """The traced run's op times against the model, per (dims, phase, size) and per dim."""
+    table = Table(
+        title=f"traced {residuals.planner} {format_size(residuals.message_bytes)} (rank 0): op time "
+        f"measured / modelled (the replay's mean, jitter included); run {format_time(residuals.measured_makespan_s)}"
+    )
+    for column in ("dims", "phase", "op size", "ops", "measured", "modelled", "ratio"):
+        table.add_column(column, justify="right")
+    for group in residuals.groups:
+        table.add_row(
+            ",".join(map(str, group.dims)),
+            group.phase,
+            format_size(group.full_bytes),
+            str(group.count),
+            format_time(group.measured_s),
+            format_time(group.modelled_s),
+            _ratio(group.ratio),
+        )
+    for load in residuals.dims:
+        table.add_row(
+            str(load.dim),
+            "all",
+            "",
+            str(load.ops),
+            format_time(load.measured_busy_s),
+            format_time(load.modelled_busy_s),
+            _ratio(load.measured_busy_s / load.modelled_busy_s) if load.modelled_busy_s > 0 else "",
+            style="bold",
+        )
+    console.print(table)
 
 
 def _ratio(value: float) -> str:
@@ -110,6 +147,15 @@ def main() -> int:
         "rms_log_error_recorded": rms_log_error(then),
         "rms_log_error_now": rms_log_error(now),
         "op_s_refitted": not args.keep_op_s,
+        "traced_dim_busy_measured_over_modelled": [
+            {
+                "shape": run.shape,
+                "planner": run.residuals.planner,
+                "per_dim": [round(d.measured_busy_s / d.modelled_busy_s, 4) for d in run.residuals.dims],
+            }
+            for run in runs
+            if run.residuals is not None
+        ],
     }
     console.print(
         f"within 10%: {summary['within_10pct_recorded']} of {len(rows)} as recorded, "

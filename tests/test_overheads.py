@@ -10,7 +10,7 @@ from hipipe.cost import op_time_s
 from hipipe.errors import HipipeError, TopologyError
 from hipipe.overheads import OpCurve, Overheads
 from hipipe.planners import plan
-from hipipe.predict import predict, replay_op_times_s
+from hipipe.predict import other_dims_busy, predict, replay_op_times_s
 from hipipe.presets import PRESETS
 from hipipe.schedule import Collective, Phase, Schedule
 from hipipe.topology_io import topology_from_dict, topology_to_dict
@@ -168,7 +168,40 @@ def test_a_busy_curve_charges_its_share_of_the_other_dims_that_are_busy() -> Non
     starts, ends = replay_op_times_s(alone, random.Random(0))
     assert all(e - s == pytest.approx(1e-3) for s, e in zip(starts, ends, strict=True))
     starts, ends = replay_op_times_s(both, random.Random(0))
-    durations = sorted(round(e - s, 9) for s, e in zip(starts, ends, strict=True))
-    # two dims: an op starting while the other dim is busy takes the busy time, else the alone time
-    assert set(durations) == {1e-3, 3e-3}
+    times = list(zip(starts, ends, strict=True))
+    # two dims: an op during which the other dim moved data takes the busy time, else the alone time
+    for op in schedule.ops:
+        overlapped = other_dims_busy(schedule, times, op.index) == 1
+        assert ends[op.index] - starts[op.index] == pytest.approx(3e-3 if overlapped else 1e-3)
+    assert {round(e - s, 9) for s, e in times} == {1e-3, 3e-3}
     assert predict(both).median_s > predict(alone).median_s
+
+
+def test_an_op_is_stretched_when_another_dim_starts_while_it_runs() -> None:
+    """Not only the dims busy at its start: ops another dim starts during an op slow it too
+    (on the testbed a pipelined RS on the slow dim took 1.17x its curve while the fast dim's
+    ops came and went during it, and 1.0x with the fast dim idle)."""
+    schedule = plan(PRESETS["tpu-2d"](), 64 * MIB, "pipelined", num_chunks=2)
+    curves = tuple(
+        OpCurve(dim=k, phase=p, points=((1.0, seconds), (2.0**40, seconds)), busy=flag)
+        for seconds, flag in ((10e-3, False), (14e-3, True))
+        for k in (0, 1)
+        for p in ("RS", "AG")
+    )
+    # a 0.5 ms hand-off: a chunk's next op starts after the other chunk's op on that dim has
+    on_curves = replace(schedule, topology=_tpu(Overheads(op_curves=curves, handoff_s=5e-4)))
+    starts, ends = replay_op_times_s(on_curves, random.Random(0))
+    times = list(zip(starts, ends, strict=True))
+
+    def idle_at_start_busy_later(index: int) -> bool:
+        dims = schedule.ops[index].dims
+        others = [j for k, seq in enumerate(schedule.sequences) if k not in dims for j in seq]
+        return not any(starts[j] <= starts[index] < ends[j] for j in others) and any(
+            starts[index] < starts[j] < ends[index] for j in others
+        )
+
+    stretched = [op.index for op in schedule.ops if idle_at_start_busy_later(op.index)]
+    assert stretched  # the second chunk's first op starts alone; the first chunk's hand-off follows
+    assert all(ends[i] - starts[i] == pytest.approx(14e-3) for i in stretched)
+    alone = [op.index for op in schedule.ops if other_dims_busy(schedule, times, op.index) == 0]
+    assert alone and all(ends[i] - starts[i] == pytest.approx(10e-3) for i in alone)

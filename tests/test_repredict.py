@@ -7,6 +7,8 @@ run was slower than its model (so the per-op cost is fitted), written as ``hipip
 
 import functools
 import json
+import math
+import random
 import subprocess
 import sys
 from dataclasses import replace
@@ -17,8 +19,9 @@ import pytest
 
 from hipipe.errors import HipipeError
 from hipipe.planners import plan
-from hipipe.predict import predicted_s
+from hipipe.predict import mean_op_duration_s, predicted_s, replay_op_times_s
 from hipipe.report.bench import result_to_dict
+from hipipe.schedule import schedule_from_dict, schedule_to_dict
 from hipipe.testbed.fit import (
     Calibration,
     OverheadRun,
@@ -28,6 +31,7 @@ from hipipe.testbed.fit import (
     overhead_schedule,
     retime,
 )
+from hipipe.testbed.protocol import measured_schedule
 from hipipe.testbed.repredict import repredict_document, rms_log_error
 from hipipe.testbed.results import BenchConfig, BenchResult, BenchRow
 
@@ -163,7 +167,11 @@ def test_the_benchmark_script_reads_a_testbed_benchmark_log_and_ends_with_one_js
 ) -> None:
     document = _document(_calibration())
     log = tmp_path / "bench.log"
-    log.write_text("card lines\n" + json.dumps({"benchmark": "testbed", "runs": [document, document]}) + "\n")
+    log.write_text(
+        "card lines\n"
+        + json.dumps({"benchmark": "testbed", "runs": [document, _traced(document, 1.25)]})
+        + "\n"
+    )
     done = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "repredict.py"), str(log)],
         capture_output=True,
@@ -175,6 +183,9 @@ def test_the_benchmark_script_reads_a_testbed_benchmark_log_and_ends_with_one_js
     assert summary["rows"] == 6 and summary["replanned"] == 0
     assert summary["within_10pct_recorded"] == summary["within_10pct_now"] == 6
     assert summary["rms_log_error_now"] == pytest.approx(summary["rms_log_error_recorded"], rel=1e-4)
+    assert [t["planner"] for t in summary["traced_dim_busy_measured_over_modelled"]] == ["themis"]
+    assert summary["traced_dim_busy_measured_over_modelled"][0]["per_dim"] == pytest.approx([1.25, 1.0])
+    assert "traced themis 4 MiB (rank 0)" in done.stdout
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
     failed = subprocess.run(
@@ -187,3 +198,54 @@ def test_the_benchmark_script_reads_a_testbed_benchmark_log_and_ends_with_one_js
     assert failed.stdout.strip().splitlines() == [
         f"error: {bad}: neither a hipipe bench document nor a testbed benchmark's JSON"
     ]
+
+
+def _traced(document: dict[str, Any], stretch_dim0: float) -> dict[str, Any]:
+    """``document`` with a traced run of its themis row, as ``hipipe bench --gantt themis``
+    writes it: the run replayed on the calibration, dim 0's ops then ``stretch_dim0`` longer."""
+    calibration = _calibration()
+    planned = retime(schedule_from_dict(document["rows"][1]["schedule"]), calibration.topology())
+    starts, ends = replay_op_times_s(planned, random.Random(0))
+    times = [
+        (s, s + (e - s) * (stretch_dim0 if op.dims == (0,) else 1.0))
+        for op, s, e in zip(planned.ops, starts, ends, strict=True)
+    ]
+    measured = measured_schedule(planned, times, rank=0)
+    gantt = [
+        {"title": "themis 4 MiB: planned", "schedule": schedule_to_dict(planned)},
+        {"title": "themis 4 MiB: measured (rank 0)", "schedule": schedule_to_dict(measured)},
+    ]
+    return json.loads(json.dumps(dict(document, gantt=gantt)))
+
+
+def test_a_traced_run_is_set_op_by_op_against_what_the_model_charges() -> None:
+    document = _document(_calibration())
+    assert repredict_document(document).residuals is None  # no --gantt, no trace
+    exact = repredict_document(_traced(document, 1.0)).residuals
+    assert exact is not None and exact.planner == "themis"
+    assert sum(g.count for g in exact.groups) == 4 * 64  # every op of 64 chunks on 2 dims, in a group
+    for group in exact.groups:  # the trace is the model's own replay (no jitter): every ratio 1
+        assert group.ratio == pytest.approx(1.0, rel=1e-9)
+    assert [load.measured_busy_s / load.modelled_busy_s for load in exact.dims] == pytest.approx([1.0, 1.0])
+    slow = repredict_document(_traced(document, 1.25)).residuals
+    assert slow is not None
+    for group in slow.groups:
+        assert group.ratio == pytest.approx(1.25 if group.dims == (0,) else 1.0, rel=1e-9)
+    assert slow.dims[0].measured_busy_s / slow.dims[0].modelled_busy_s == pytest.approx(1.25)
+    wrong = _traced(document, 1.0)
+    wrong["gantt"][1]["schedule"]["ops"].pop()
+    with pytest.raises(HipipeError):
+        repredict_document(wrong)
+
+
+def test_the_mean_op_duration_holds_the_jitter_a_base_time_leaves_out() -> None:
+    # the latest of n unit-mean exponential arrivals has mean 1 + 1/2 + ... + 1/n
+    assert mean_op_duration_s(0.010, 0.002, 4) == pytest.approx(
+        0.010 + 0.002 * (1 + 1 / 2 + 1 / 3 + 1 / 4), rel=2e-3
+    )
+    assert mean_op_duration_s(0.010, 0.0, 4) == 0.010
+    # a base below zero (a curve op's mean delay taken out) is floored as the replay floors it:
+    # E[max(0, X - c)] for X the latest of 2 arrivals of mean m is 2m e^(-c/m) - m/2 e^(-2c/m)
+    m, c = 0.002, 0.003
+    exact = 2 * m * math.exp(-c / m) - m / 2 * math.exp(-2 * c / m)
+    assert mean_op_duration_s(-c, m, 2) == pytest.approx(exact, rel=5e-3)

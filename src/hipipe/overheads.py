@@ -16,7 +16,7 @@ calibrate`` can measure it and every consumer charges the same thing:
   on ``S`` bytes pays ``3 (n-1)/n S / memory_bytes_per_s`` (ASTRA-sim's
   ``local-mem-bw``). 0 means not charged. Linear in bytes.
 - ``concurrency_slowdown``: the fraction by which an op's time grows for each *other*
-  dimension moving data on the rank when it starts (shared cores, NIC or memory; on
+  dimension moving data on the rank while it runs (shared cores, NIC or memory; on
   a shared host the cores matter as much as the wire, so the whole op stretches). Not linear: :mod:`hipipe.predict` applies it.
 - ``jitter_s``: the mean of the random delay with which each member of an op's group
   arrives (exponential: a thread woken late, a rank descheduled). An op starts when its
@@ -35,7 +35,7 @@ calibrate`` can measure it and every consumer charges the same thing:
   these curves (interpolated) instead of the line, and the jitter then only spreads
   them around that mean. A second, ``busy`` curve per (dim, phase), timed while every
   other dim streamed its own ops, gives the op's time when it shares the rank: an op
-  that starts with ``m`` of the ``D - 1`` other dims busy takes its alone time plus
+  during which ``m`` of the ``D - 1`` other dims move data takes its alone time plus
   ``m / (D - 1)`` of the difference (with busy curves the scalar concurrency slowdown
   is not fitted: on a 2-core host the contention is for the cores, so it is large for
   small ops and small for large ones). Not linear: the LP and the simulator keep the lines.

@@ -25,7 +25,7 @@ from typing import Any
 from hipipe.cost import group_size
 from hipipe.overheads import OpCurve, Overheads
 from hipipe.planners import plan
-from hipipe.predict import cpu_bound_s, latest_arrival_quantile, op_base_times_s, predicted_s
+from hipipe.predict import cpu_bound_s, latest_arrival_quantile, op_base_times_s, other_dims_busy, predicted_s
 from hipipe.schedule import Schedule
 from hipipe.simulator import simulate_chunks
 from hipipe.testbed.layout import TestbedError
@@ -437,7 +437,7 @@ def _fit_jitter_s(schedule: Schedule, traces: Sequence[TracedOps]) -> float:
 
     Each op's excess over the model (``schedule``'s topology without jitter: the lines or
     the streamed op curves, the per-op cost, the reduction, the slowdown for the other
-    dims busy at its start in the trace) is,
+    dims busy while it ran in the trace) is,
     per group size n, spread like the latest of n arrivals: the mean delay whose
     latest-of-n has that median absolute deviation (:func:`latest_arrival_mad`),
     averaged over the ops. Robust to the rare op a descheduled rank stretches tenfold.
@@ -448,12 +448,7 @@ def _fit_jitter_s(schedule: Schedule, traces: Sequence[TracedOps]) -> float:
     for op_times_s in traces:
         for op in schedule.ops:
             start_s, end_s = op_times_s[op.index]
-            others = sum(
-                1
-                for k in range(topology.num_dims)
-                if k not in op.dims
-                and any(op_times_s[i][0] <= start_s < op_times_s[i][1] for i in schedule.sequences[k])
-            )
+            others = other_dims_busy(schedule, op_times_s, op.index)
             modelled_s = base_s(op.index, others)
             left.setdefault(group_size(topology, op.dims), []).append(end_s - start_s - modelled_s)
     estimates = [

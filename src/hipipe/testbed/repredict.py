@@ -13,7 +13,9 @@ recorded overhead run: it is the one term fitted *through* the model (by bisecti
 its prediction, :func:`hipipe.testbed.fit.fit_op_s`), so the one a model change moves.
 Rows recorded before rows kept their schedules are re-planned on the calibration the
 plans were made on: the same schedules for the baselines, and for hipipe only as long as
-its planner has not changed (such rows are flagged).
+its planner has not changed (such rows are flagged). A document with a traced run
+(``--gantt``) also gets that run's op times set against the same model
+(:mod:`hipipe.testbed.residuals`).
 """
 
 import math
@@ -27,6 +29,7 @@ from hipipe.planners import PLANNERS, plan
 from hipipe.predict import predicted_s
 from hipipe.schedule import schedule_from_dict
 from hipipe.testbed.fit import OVERHEAD_NUM_CHUNKS, OVERHEAD_PLANNER, OVERHEAD_SCHEDULE_NAME, fit_op_s, retime
+from hipipe.testbed.residuals import TraceResiduals, trace_residuals, traced_panels
 from hipipe.topology import Topology
 from hipipe.topology_io import topology_from_dict
 
@@ -67,6 +70,8 @@ class RepredictedRun:
     op_s: float
     """The per-op cost the predictions used: refitted, or the recorded one."""
     rows: tuple[RepredictedRow, ...]
+    residuals: TraceResiduals | None = None
+    """The traced run's op times against the model (documents of ``hipipe bench --gantt``)."""
 
 
 def repredict_document(document: Any, *, refit_op_s: bool = True) -> RepredictedRun:
@@ -102,12 +107,14 @@ def repredict_document(document: Any, *, refit_op_s: bool = True) -> Repredicted
                 replanned=recorded is None,
             )
         )
+    traced = traced_panels(document)
     return RepredictedRun(
         shape=document["shape"],
         rates_bits_per_s=tuple(document["rates_bits_per_s"]),
         recorded_op_s=recorded_op_s,
         op_s=predicting_on.overheads.op_s,
         rows=tuple(rows),
+        residuals=trace_residuals(*traced, predicting_on) if traced is not None else None,
     )
 
 
