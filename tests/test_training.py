@@ -192,3 +192,117 @@ def test_a_world_that_is_not_the_topology_fails_every_rank_in_one_line(tmp_path)
     assert len(errors) == 4, errors  # every rank, one line each
     assert all("the job has 4 ranks but the topology 2x4 has 8 NPUs" in line for line in errors), errors
     assert not (tmp_path / "runs.json").exists()
+
+
+_TORCHRUN_SUMMARY = """\
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+=====================================================
+hipipe.training.worker FAILED
+-----------------------------------------------------
+Failures:
+  <NO_OTHER_FAILURES>
+-----------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-03_08:11:48
+  host      : localhost
+  rank      : {rank} (local_rank: 0)
+  exitcode  : {exitcode} (pid: 7990) {signal}
+  error_file: <N/A>
+  traceback : {traceback}
+====================================================="""
+
+
+def _node_log(before: str, *, rank: int, exitcode: int, signal: str = "", traceback: str = "") -> list[str]:
+    """A failed torchrun node's log (as torch 2.13 writes it), stripped like the reader strips it."""
+    agent = (
+        "E1203 08:11:48.251000 7829 torch/distributed/elastic/multiprocessing/api.py:1002] failed "
+        f"(exitcode: {exitcode}) local_rank: 0 (pid: 7990) of binary: python\n"
+        "Traceback (most recent call last):\n"
+        '  File "torch/distributed/launcher/api.py", line 383, in launch_agent\n'
+        "    raise ChildFailedError(\n"
+    )
+    summary = _TORCHRUN_SUMMARY.format(rank=rank, exitcode=exitcode, signal=signal, traceback=traceback)
+    return [line.strip() for line in (before + agent + summary).splitlines() if line.strip()]
+
+
+def test_a_failed_node_is_told_by_its_workers_line_not_torchruns_border() -> None:
+    from hipipe.testbed.torchrun import node_failure_reason
+
+    worker_said = "rank 2: the AllReduce timed out after 60 s waiting for rank 3\n"
+    lines = _node_log(worker_said, rank=2, exitcode=1, traceback="To enable traceback see: https://x")
+    assert lines[-1].startswith("=====")  # what the last line alone would have said
+    assert node_failure_reason(lines) == worker_said.strip()
+
+
+def test_a_node_whose_worker_could_not_say_why_is_told_from_torchruns_summary() -> None:
+    from hipipe.testbed.torchrun import node_failure_reason
+
+    uncaught = (
+        "[rank1]: Traceback (most recent call last):\n"
+        '[rank1]:   File "worker.py", line 3, in <module>\n'
+        "[rank1]: TypeError: unsupported operand type(s) for +: 'int' and 'str'\n"
+    )
+    lines = _node_log(uncaught, rank=1, exitcode=1, traceback="To enable traceback see: https://x")
+    assert node_failure_reason(lines) == (
+        "rank 1 exited with code 1: TypeError: unsupported operand type(s) for +: 'int' and 'str'"
+    )
+    aborted = (
+        "terminate called after throwing an instance of 'gloo::IoException'\n"
+        "  what():  [gloo/transport/tcp/pair.cc:600] Connection closed by peer [10.0.0.2]:1234\n"
+        "Fatal Python error: Aborted\n"
+        "Thread 0x00007f (most recent call first):\n"
+        '  File "threads.py", line 120 in walk\n'
+    )
+    lines = _node_log(
+        aborted, rank=0, exitcode=-6, signal=" (SIGABRT)", traceback="Signal 6 (SIGABRT) received by PID 7990"
+    )
+    assert node_failure_reason(lines) == (
+        "rank 0 was killed by SIGABRT: what():  [gloo/transport/tcp/pair.cc:600] "
+        "Connection closed by peer [10.0.0.2]:1234"
+    )
+    silent = _node_log("", rank=3, exitcode=-9, signal=" (SIGKILL)", traceback="Signal 9 (SIGKILL) received")
+    assert node_failure_reason(silent) == (
+        "rank 3 was killed by SIGKILL (no error line before torchrun's summary)"
+    )
+
+
+def test_a_node_whose_agent_failed_is_told_by_its_last_line() -> None:
+    from hipipe.testbed.torchrun import node_failure_reason
+
+    lines = [
+        "Traceback (most recent call last):",
+        'File "torch/distributed/elastic/rendezvous/api.py", line 9, in next_rendezvous',
+        "torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError: the join timed out",
+    ]
+    assert node_failure_reason(lines) == lines[-1]
+    assert node_failure_reason([]) == ""
+
+
+def test_an_unexpected_worker_exception_is_one_line_with_its_traceback_kept(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from hipipe.training import worker
+
+    job = TrainingJob(
+        topology=load_topology("ring:2:1GB/s:1us"),
+        workload="ddp",  # type: ignore[arg-type]
+        model_bytes=1 << 20,
+        steps=3,
+        implementations=("hipipe",),  # type: ignore[arg-type]
+        output_path=str(tmp_path / "runs.json"),
+        timeout_s=30,
+    )
+    (tmp_path / "job.json").write_text(json.dumps(job.to_dict()))
+
+    def broken(job: TrainingJob) -> None:
+        raise TypeError("a bug\nwith a second line")
+
+    monkeypatch.setattr(worker, "run_job", broken)
+    monkeypatch.setenv("RANK", "5")
+    assert worker.main([str(tmp_path / "job.json")]) == 1
+    stderr = capsys.readouterr().err
+    assert stderr.splitlines()[-1] == "rank 5: TypeError: a bug"
+    assert "Traceback (most recent call last)" in stderr  # the bug's traceback stays in the log

@@ -8,7 +8,6 @@ puts them on a queue, ``None`` when the stream ends, an exception for an unreada
 """
 
 import queue
-import re
 import subprocess
 import time
 from collections.abc import Callable
@@ -20,15 +19,17 @@ from hipipe.testbed.layout import TestbedError
 EventQueue = "queue.Queue[Any]"
 
 
-def last_line(path: Path, *, prefer: str | None = None) -> str:
-    """The last non-empty line of a log (the last one matching the regex ``prefer``, if any)."""
+def log_lines(path: Path) -> list[str]:
+    """The non-empty lines of a log, stripped; none if it cannot be read."""
     try:
-        lines = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
+        return [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
     except OSError:
-        return ""
-    pattern = re.compile(prefer) if prefer is not None else None
-    preferred = [line for line in lines if pattern is not None and pattern.match(line)]
-    return (preferred or lines or [""])[-1]
+        return []
+
+
+def last_line(path: Path) -> str:
+    """The last non-empty line of a log: a failed worker's reason (it ends with its error)."""
+    return (log_lines(path) or [""])[-1]
 
 
 def stop_processes(processes: list[subprocess.Popen[str]], grace_s: float = 3.0) -> None:
@@ -54,14 +55,14 @@ def follow_processes(
     workdir: Path,
     label: str,
     on_event: Callable[[Any], None],
-    prefer: str | None = None,
+    reason: Callable[[Path], str] = last_line,
 ) -> None:
     """Pass every event to ``on_event`` until the event stream ends and every process exited 0.
 
     Raises a one-line :class:`TestbedError` naming the first failing ``label`` (e.g.
-    ``rank 3``, ``node 1``) and its log's last line (the last matching the regex ``prefer``,
-    when a launcher's own output follows the worker's error), or the deadline. The caller stops
-    the processes (:func:`stop_processes`) whatever happens.
+    ``rank 3``, ``node 1``) and what ``reason`` reads in its log (by default the last line; a
+    launcher whose own summary follows the worker's error passes its own reader), or the
+    deadline. The caller stops the processes (:func:`stop_processes`) whatever happens.
     """
     end = time.monotonic() + deadline_s
     finished = False
@@ -70,10 +71,8 @@ def follow_processes(
         if failed:
             time.sleep(0.3)  # let the first failure's peers report theirs too
             first = min(failed, key=lambda i: logs[i].stat().st_mtime if logs[i].exists() else 0.0)
-            reason = last_line(logs[first], prefer=prefer) or (
-                f"{label} {first} exited with code {processes[first].returncode}"
-            )
-            raise TestbedError(f"{label} {first} failed: {reason} (logs in {workdir})")
+            why = reason(logs[first]) or f"{label} {first} exited with code {processes[first].returncode}"
+            raise TestbedError(f"{label} {first} failed: {why} (logs in {workdir})")
         if finished and all(p.poll() == 0 for p in processes):
             return
         if time.monotonic() > end:

@@ -15,6 +15,7 @@ pid, so nothing outlives the call.
 
 import json
 import queue
+import re
 import subprocess
 import sys
 import threading
@@ -24,7 +25,7 @@ from typing import IO, Any
 
 from hipipe.testbed.layout import Layout
 from hipipe.testbed.netns import kill_netns_processes
-from hipipe.testbed.processes import follow_processes, stop_processes
+from hipipe.testbed.processes import follow_processes, log_lines, stop_processes
 
 RENDEZVOUS_PORT = 29400
 """Inside node 0's namespace: nothing else listens there, and the host's ports are untouched."""
@@ -64,6 +65,51 @@ def torchrun_argv(
         "-m",
         *module_argv,
     ]
+
+
+_WORKER_LINE = re.compile(r"rank \d+: ")
+"""The worker's own one-line error (``hipipe.training.worker`` writes it before exiting)."""
+_EXITCODE_LINE = re.compile(r"exitcode\s*:\s*(-?\d+)\s*\(pid: \d+\)\s*(?:\((SIG\w+)\))?")
+_RANK_LINE = re.compile(r"rank\s*:\s*(\d+)")
+_ERROR_LINE = re.compile(
+    r"(?:\[rank\d+\]:\s*)?((?:[\w.]+\.)?\w*(?:Error|Exception)\b.*|terminate called.*|what\(\):.*"
+    r"|Fatal Python error:.*)"
+)
+"""A Python exception's last traceback line, C++'s std::terminate report (Gloo aborts so), or
+the fatal-error line the worker's faulthandler writes on a signal."""
+
+
+def node_failure_reason(lines: Sequence[str]) -> str:
+    """One line for a failed node's log: the worker's own error, else torchrun's summary.
+
+    The worker ends a failure it understands with ``rank N: REASON``; torchrun then prints a
+    summary box whose last line is a border of ``=`` signs, so "the last line" would say
+    nothing. A failure the worker could not report (a signal, a C++ abort) is told from the
+    box: the rank, its exit code or signal, and the last exception or abort line before it.
+    Without a box (the torchrun agent itself failed, e.g. in the rendezvous) the last line is
+    the agent's exception.
+    """
+    worker = [line for line in lines if _WORKER_LINE.match(line)]
+    if worker:
+        return worker[-1]
+    box = next((i for i, line in enumerate(lines) if line.startswith("Root Cause")), None)
+    if box is None:
+        return lines[-1] if lines else ""
+    exit_match = next((m for line in lines[box:] if (m := _EXITCODE_LINE.search(line))), None)
+    rank_match = next((m for line in lines[box:] if (m := _RANK_LINE.match(line))), None)
+    start = next((i for i in range(box, -1, -1) if lines[i].startswith("=" * 8)), box)
+    errors = [m.group(1) for line in lines[:start] if (m := _ERROR_LINE.match(line))]
+    errors = [e for e in errors if not e.startswith("torch.distributed.elastic.multiprocessing.errors")]
+    # "Fatal Python error: Aborted" only repeats the signal; an exception or abort message says why
+    errors = [e for e in errors if not e.startswith("Fatal Python error")] or errors
+    who = f"rank {rank_match.group(1)}" if rank_match else "the worker"
+    if exit_match is None:
+        how = "failed"
+    elif exit_match.group(2):
+        how = f"was killed by {exit_match.group(2)}"
+    else:
+        how = f"exited with code {exit_match.group(1)}"
+    return f"{who} {how}" + (f": {errors[-1]}" if errors else " (no error line before torchrun's summary)")
 
 
 def _pump(stream: IO[str], mark: str, log: IO[str], events: "queue.Queue[dict[str, Any] | None]") -> None:
@@ -126,7 +172,7 @@ def run_torchrun_job(
             workdir=workdir,
             label="node",
             on_event=on_item,
-            prefer=r"rank \d+: ",  # the worker's one-line error, not torchrun's summary after it
+            reason=lambda log: node_failure_reason(log_lines(log)),
         )
         return collected
     finally:

@@ -8,9 +8,11 @@ line behind :data:`EVENT_MARK`; an error is one line on stderr and exit code 1, 
 launcher can show the first failing rank's reason.
 """
 
+import faulthandler
 import json
 import os
 import sys
+import traceback
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -150,8 +152,14 @@ def main(argv: list[str]) -> int:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         _report_failure(f"rank {rank}: {reason}")
         return 1
+    except Exception as exc:  # a bug, not a condition: its traceback stays in the node's log
+        traceback.print_exc()
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        _report_failure(f"rank {rank}: {type(exc).__name__}" + (f": {first}" if first else ""))
+        return 1
     return 0
 
 
 if __name__ == "__main__":
+    faulthandler.enable()  # a crash in torch or Gloo (a signal) leaves every thread's stack in the log
     raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,37 @@
+"""Shared pytest hooks: a failed multi-process test shows the logs its processes left."""
+
+from collections.abc import Generator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+LOG_TAIL_LINES = 40
+"""Enough for a worker's traceback and torchrun's failure summary."""
+MAX_LOGS = 8
+
+
+def log_tails(root: Path) -> str:
+    """The last lines of every ``*.log`` under ``root`` (the first few, by path)."""
+    parts = []
+    for log in sorted(root.rglob("*.log"))[:MAX_LOGS]:
+        lines = log.read_text(errors="replace").splitlines()
+        parts.append(f"--- {log.relative_to(root)} (last {LOG_TAIL_LINES} of {len(lines)} lines)")
+        parts.extend(lines[-LOG_TAIL_LINES:])
+    return "\n".join(parts)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, None]:
+    """On a failed test with a ``tmp_path``, add its processes' logs to the report.
+
+    A testbed or torchrun job fails with one line naming its log; on CI the log is gone
+    with the machine, so the report carries the logs' tails instead.
+    """
+    outcome = yield
+    report = outcome.get_result()
+    tmp_path = getattr(item, "funcargs", {}).get("tmp_path")
+    if report.when == "call" and report.failed and isinstance(tmp_path, Path):
+        tails = log_tails(tmp_path)
+        if tails:
+            report.sections.append(("logs under tmp_path", tails))
