@@ -137,6 +137,12 @@ def _report_failure(line: str) -> None:
     sys.stderr.flush()
 
 
+def _first_line(exc: BaseException) -> str:
+    """An exception's message up to its first line break ("" for none): torch's run on for pages."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m hipipe.training.worker JOB.json", file=sys.stderr)
@@ -149,12 +155,11 @@ def main(argv: list[str]) -> int:
         _report_failure(f"rank {rank}: {exc}")
         return 1
     except RuntimeError as exc:  # torch.distributed reports a dead peer or a timeout this way
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        _report_failure(f"rank {rank}: {reason}")
+        _report_failure(f"rank {rank}: {_first_line(exc) or type(exc).__name__}")
         return 1
     except Exception as exc:  # a bug, not a condition: its traceback stays in the node's log
         traceback.print_exc()
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        first = _first_line(exc)
         _report_failure(f"rank {rank}: {type(exc).__name__}" + (f": {first}" if first else ""))
         return 1
     return 0
