@@ -283,6 +283,29 @@ def test_order_neighbours_change_one_chunk_and_keep_its_first_dim_on_three_dims(
     assert order_neighbours(((0, 1),) * 2, 2) == [((0, 1), (1, 0))]
 
 
+def test_order_neighbours_with_a_new_first_dim_are_the_rest_of_the_substitutions():
+    orders = ((2, 0, 1), (1, 2, 0), (0, 1, 2), (0, 1, 2))
+    kept = order_neighbours(orders, 3)
+    moved = order_neighbours(orders, 3, new_first_dim=True)
+    assert not set(kept) & set(moved)
+    for neighbour in moved:
+        changed = sorted(orders)
+        for order in neighbour:
+            if order in changed:
+                changed.remove(order)
+        assert len(changed) == 1  # one chunk's order differs...
+        (old,) = changed
+        (new,) = {order for order in neighbour if neighbour.count(order) > orders.count(order)}
+        assert new[0] != old[0]  # ...and it starts on another dim
+    every = {
+        tuple(sorted((*orders[:j], order, *orders[j + 1 :])))
+        for j in range(len(orders))
+        for order in itertools.permutations(range(3))
+    } - {tuple(sorted(orders))}
+    assert set(kept) | set(moved) == every
+    assert len(moved) == len(set(moved)) == 3 * 4  # four new orders per distinct chunk order
+
+
 # libra-3d at 256 MiB, K = 4: the optimum `hipipe plan --planner exact --chunks 4` proved
 # (33 s, benchmarks/results/optimality-2cpu-2026-12-02.md; not re-proven here).
 LIBRA_3D_256_MIB_OPTIMUM_S = 1.53002e-3
@@ -355,6 +378,35 @@ def test_distinct_first_assignments_and_order_substitutions_close_a_four_dim_gap
     monkeypatch.setattr(enumeration, "MAX_DISTINCT_FIRST", 0)
     without = plan(topology, GIB, "hipipe", num_chunks=4)
     assert without.makespan_s > DISTINCT_FIRST_OPTIMUM_S * 1.05  # 18.49 ms: neither step
+
+
+HELD_OUT_THREE_DIM = {
+    (11, 30): "fully_connected 4 50 2000, fully_connected 2 400 50, fully_connected 4 25 5000",
+}
+"""A generated 3-dim network of seed 11 (`benchmarks/optimality.py --seed 11`), held out from
+the planner's tuning until the new-first-dim substitutions were built for its miss."""
+# `hipipe plan --planner exact --chunks 4` at 16 MiB proved 0.240298 ms (8.5 s); hipipe was 1.26%
+# slower (0.24332 ms) before the substitutions that move a chunk to another first dim.
+HELD_OUT_THREE_DIM_OPTIMUM_S = 0.240298e-3
+
+
+def test_a_substitution_to_a_new_first_dim_then_a_deeper_mip_reach_a_held_out_optimum(monkeypatch):
+    topology = _network((11, 30), HELD_OUT_THREE_DIM)
+    message = 16 * 1024**2
+    hipipe = plan(topology, message, "hipipe", num_chunks=4)
+    assert hipipe.makespan_s >= HELD_OUT_THREE_DIM_OPTIMUM_S * (1 - 1e-5)
+    assert hipipe.makespan_s <= HELD_OUT_THREE_DIM_OPTIMUM_S * (1 + 1e-5)
+    assert sorted(chunk.order[0][0] for chunk in hipipe.chunks) == [1, 1, 1, 1]
+    assert simulate(hipipe).makespan_s == pytest.approx(hipipe.makespan_s, rel=1e-9)
+    monkeypatch.setattr(sequence_mip, "DEEP_NODES", sequence_mip.MAX_NODES)
+    shallow = plan(topology, message, "hipipe", num_chunks=4)
+    # 0.24306 ms: the right orders, with the sequences 400 nodes found
+    assert HELD_OUT_THREE_DIM_OPTIMUM_S * 1.01 < shallow.makespan_s < HELD_OUT_THREE_DIM_OPTIMUM_S * 1.012
+    monkeypatch.setattr(sequence_mip, "NEW_FIRST_MAX_DIMS", 2)
+    without = plan(topology, message, "hipipe", num_chunks=4)
+    assert (
+        without.makespan_s > HELD_OUT_THREE_DIM_OPTIMUM_S * 1.012
+    )  # 0.24332 ms: every chunk kept its first dim
 
 
 def test_screened_order_ranks_every_neighbour_once_alternating_two_screens():
