@@ -38,7 +38,7 @@ from hipipe.planners.hipipe.candidates import (
     better,
     optimize_structure,
 )
-from hipipe.planners.hipipe.enumeration import enumerates_every_multiset, screened_order
+from hipipe.planners.hipipe.enumeration import screened_order
 from hipipe.planners.hipipe.sequencing import Deadlock, end_times_s
 from hipipe.planners.hipipe.structure import OpTable, Order, op_table
 from hipipe.schedule import Collective
@@ -569,10 +569,16 @@ def reshape_orders(
 ) -> Candidate:
     """``start``, or a faster plan a few reshaping steps away (:func:`reshaped_neighbours`:
     any chunk's order replaced, or a chunk added), each neighbour judged by its MIP-optimal
-    sequences, repeated while that helps. For few-chunk plans (:data:`RESHAPE_MAX_CHUNKS`)
-    where the enumeration did not try every order multiset (K = 3 on 4 dims: it pools 10
-    orders). Where it did (K = 2, or 3 dims), the step changed no plan on 80 generated
-    networks (seeds 7 and 11) and cost 1-1.5 s a plan.
+    sequences, repeated while that helps. For few-chunk plans (:data:`RESHAPE_MAX_CHUNKS`).
+
+    Where the enumeration tries every order multiset (K = 2, or 3 dims) it only MIP-solves
+    the sequences of the best few, ranked by list schedules. On a held-out generated 3-dim
+    network (seed 29, #2: switch 2 @ 50 GB/s, switch 8 @ 400 GB/s, ring 8 @ 200 GB/s; 256
+    MiB) the plan's three chunks ``(1, 2, 0), (2, 0, 1), (0, 1, 2)`` stopped at 1.15697 ms,
+    2.0% above the proven optimum; two reshaping steps (two tail swaps) reach it, 1.13407
+    ms. On 68 other generated networks of 2-3 dims at K <= 3 (seeds 7, 11, 23, 29) the steps
+    changed no plan by more than 0.01% and took their plan time from 27.5 to 43.5 s in all
+    (at most 2.6 s a plan).
 
     The enumeration (:mod:`.enumeration`) ranks order multisets by list-scheduled and
     LP-sized sequences, and on 4 dims it only pools the orders of the best pairs; the
@@ -590,7 +596,6 @@ def reshape_orders(
         or max_chunks < 2
         or max_chunks > RESHAPE_MAX_CHUNKS
         or start.structure.num_chunks > max_chunks
-        or enumerates_every_multiset(topology.num_dims, max_chunks)
     ):
         return start
     best = _improving_rounds(
