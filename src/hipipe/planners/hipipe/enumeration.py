@@ -82,6 +82,12 @@ def combinations(num_orders: int, num_chunks: int) -> int:
     return math.comb(num_orders + num_chunks - 1, num_chunks)
 
 
+def enumerates_every_multiset(num_dims: int, num_chunks: int) -> bool:
+    """Whether :func:`enumerated_candidates` tries every order multiset of ``num_chunks``
+    chunks (rather than those of a pool of orders, or none)."""
+    return num_chunks <= MAX_CHUNKS and combinations(math.factorial(num_dims), num_chunks) <= MAX_COMBINATIONS
+
+
 def enumerated_candidates(
     topology: Topology,
     message_bytes: int,

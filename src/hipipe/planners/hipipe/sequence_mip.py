@@ -38,7 +38,7 @@ from hipipe.planners.hipipe.candidates import (
     better,
     optimize_structure,
 )
-from hipipe.planners.hipipe.enumeration import screened_order
+from hipipe.planners.hipipe.enumeration import enumerates_every_multiset, screened_order
 from hipipe.planners.hipipe.sequencing import Deadlock, end_times_s
 from hipipe.planners.hipipe.structure import OpTable, Order, op_table
 from hipipe.schedule import Collective
@@ -396,8 +396,8 @@ NEW_FIRST_MAX_SOLVES = 4
 """Sequence MIPs the new-first-dim rounds may solve (a fruitless round costs 0.5-1 s)."""
 
 DEEP_NODES = 10_000
-"""Branch-and-bound nodes of the last solve of a substitution search on up to
-:data:`NEW_FIRST_MAX_DIMS` dims: the plan's own orders again, from its sequences, unless a MIP
+"""Branch-and-bound nodes of the last solve of a substitution search on 3 dims (up to
+:data:`NEW_FIRST_MAX_DIMS`): the plan's own orders again, from its sequences, unless a MIP
 already proved them. A 400-node MIP stops at an incumbent. On the two networks above the
 neighbour's MIP reached 0.24306 and 8.39874 ms; only with several thousand nodes did it reach
 the optima, 0.24030 and 8.24488 ms (proven after 3,790 and 9,780 nodes, 2.2 and 4.1 s on a
@@ -455,7 +455,7 @@ def substitute_orders(
     at 1 GiB, K = 4, one such step (a chunk's ``(1, 3, 0, 2)`` -> ``(1, 3, 2, 0)``) took the
     plan from 17.755 to 17.495 ms (the proven optimum: 17.493 ms).
 
-    On up to :data:`NEW_FIRST_MAX_DIMS` dims, rounds of the substitutions that give a chunk
+    On 3 dims (up to :data:`NEW_FIRST_MAX_DIMS`), rounds of the substitutions that give a chunk
     another first dim follow, after those that keep it (first, so that these cannot take
     the solves of the neighbours that won on the reference grid). The plan then gets its own
     orders' MIP once more, with :data:`DEEP_NODES`, unless a MIP already proved them.
@@ -489,7 +489,7 @@ def substitute_orders(
             log=log,
         )
     if (
-        topology.num_dims <= NEW_FIRST_MAX_DIMS
+        3 <= topology.num_dims <= NEW_FIRST_MAX_DIMS
         and tuple(sorted(best.structure.orders)) not in log.proven_orders
     ):
         deeper = _solved(
@@ -572,13 +572,15 @@ def reshape_orders(
     sequences, repeated while that helps. For few-chunk plans (:data:`RESHAPE_MAX_CHUNKS`).
 
     Where the enumeration tries every order multiset (K = 2, or 3 dims) it only MIP-solves
-    the sequences of the best few, ranked by list schedules. On a held-out generated 3-dim
+    the sequences of the best few, ranked by list schedules; of those cases the steps run at
+    K = 3 on 3 dims (56 multisets), where they closed a miss. On a held-out generated 3-dim
     network (seed 29, #2: switch 2 @ 50 GB/s, switch 8 @ 400 GB/s, ring 8 @ 200 GB/s; 256
     MiB) the plan's three chunks ``(1, 2, 0), (2, 0, 1), (0, 1, 2)`` stopped at 1.15697 ms,
     2.0% above the proven optimum; two reshaping steps (two tail swaps) reach it, 1.13407
-    ms. On 68 other generated networks of 2-3 dims at K <= 3 (seeds 7, 11, 23, 29) the steps
-    changed no plan by more than 0.01% and took their plan time from 27.5 to 43.5 s in all
-    (at most 2.6 s a plan).
+    ms. On 68 other generated networks of 2-3 dims at K <= 3 (seeds 7, 11, 23, 29), run on
+    all of them, the steps changed no plan by more than 0.01% and took their plan time from
+    27.5 to 43.5 s in all (at most 2.6 s a plan); on the planner benchmark's 2-dim networks
+    they, and the deeper MIP below, changed no plan and made some plans up to 4.7x slower.
 
     The enumeration (:mod:`.enumeration`) ranks order multisets by list-scheduled and
     LP-sized sequences, and on 4 dims it only pools the orders of the best pairs; the
@@ -596,6 +598,10 @@ def reshape_orders(
         or max_chunks < 2
         or max_chunks > RESHAPE_MAX_CHUNKS
         or start.structure.num_chunks > max_chunks
+        or (
+            enumerates_every_multiset(topology.num_dims, max_chunks)
+            and (topology.num_dims, max_chunks) != (3, 3)
+        )
     ):
         return start
     best = _improving_rounds(
