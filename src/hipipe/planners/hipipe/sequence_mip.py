@@ -579,8 +579,8 @@ def reshape_orders(
     2.0% above the proven optimum; two reshaping steps (two tail swaps) reach it, 1.13407
     ms. On 68 other generated networks of 2-3 dims at K <= 3 (seeds 7, 11, 23, 29), run on
     all of them, the steps changed no plan by more than 0.01% and took their plan time from
-    27.5 to 43.5 s in all (at most 2.6 s a plan); on the planner benchmark's 2-dim networks
-    they, and the deeper MIP below, changed no plan and made some plans up to 4.7x slower.
+    27.5 to 43.5 s in all (at most 2.6 s a plan): on 2 dims and at K = 2 they stay off, with
+    nothing seen to gain there.
 
     The enumeration (:mod:`.enumeration`) ranks order multisets by list-scheduled and
     LP-sized sequences, and on 4 dims it only pools the orders of the best pairs; the
