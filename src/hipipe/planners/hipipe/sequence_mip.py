@@ -462,6 +462,7 @@ def substitute_orders(
     """
     if topology.num_dims > SUBSTITUTION_MAX_DIMS or start.structure.num_chunks < 2:
         return start
+    new_first_dims = 3 <= topology.num_dims <= NEW_FIRST_MAX_DIMS
     best = _improving_rounds(
         topology,
         message_bytes,
@@ -473,7 +474,7 @@ def substitute_orders(
         unit_s=unit_s,
         log=log,
     )
-    if 3 <= topology.num_dims <= NEW_FIRST_MAX_DIMS:
+    if new_first_dims:
         best = _improving_rounds(
             topology,
             message_bytes,
@@ -488,10 +489,7 @@ def substitute_orders(
             unit_s=unit_s,
             log=log,
         )
-    if (
-        3 <= topology.num_dims <= NEW_FIRST_MAX_DIMS
-        and tuple(sorted(best.structure.orders)) not in log.proven_orders
-    ):
+    if new_first_dims and tuple(sorted(best.structure.orders)) not in log.proven_orders:
         deeper = _solved(
             topology,
             message_bytes,
@@ -513,6 +511,11 @@ def substitute_orders(
 RESHAPE_MAX_CHUNKS = 3
 """The reshaping step (:func:`reshape_orders`) runs on plans of at most this many chunks,
 where a sequence MIP and its re-sizing cost 0.1-0.3 s (a 4-chunk one on 4 dims: up to 1.2 s)."""
+
+RESHAPE_ENUMERATED = frozenset({(3, 3)})
+"""(dims, K) where the enumeration tries every order multiset and the reshaping steps still
+run (:func:`reshape_orders`): there it MIP-solves only the best few; elsewhere (2 dims, or
+K = 2) the steps gained nothing on the generated networks tried."""
 
 RESHAPE_PER_ROUND = 5
 """Neighbours whose MIP a reshaping round solves, the best screened first. On a held-out
@@ -600,7 +603,7 @@ def reshape_orders(
         or start.structure.num_chunks > max_chunks
         or (
             enumerates_every_multiset(topology.num_dims, max_chunks)
-            and (topology.num_dims, max_chunks) != (3, 3)
+            and (topology.num_dims, max_chunks) not in RESHAPE_ENUMERATED
         )
     ):
         return start
