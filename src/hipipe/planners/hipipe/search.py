@@ -22,7 +22,8 @@ Last, the baselines' own structures are re-sized where they would still win
 (:mod:`.seeds`), so the result is never worse than a baseline.
 """
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from hipipe.bounds import OrderMix
@@ -47,7 +48,12 @@ from hipipe.planners.hipipe.filler import add_filler
 from hipipe.planners.hipipe.local_search import NEAR_FLOOR, climb_orders, nested_descent, swap_critical_pairs
 from hipipe.planners.hipipe.seeds import baseline_seeds, improve_with_seeds
 from hipipe.planners.hipipe.sequence_mip import MAX_DIMS as POLISH_MAX_DIMS
-from hipipe.planners.hipipe.sequence_mip import polish_sequences, reshape_orders, substitute_orders
+from hipipe.planners.hipipe.sequence_mip import (
+    polish_sequences,
+    reshape_orders,
+    split_orders,
+    substitute_orders,
+)
 from hipipe.planners.hipipe.splitting import refine_by_splitting
 from hipipe.topology import Topology
 
@@ -400,16 +406,60 @@ def _at_most(
 ) -> list[Candidate | None]:
     """The settled and polished plans of every K' <= ``num_chunks`` (and <= AT_MOST_MAX_CHUNKS),
     as a forced K' plans them."""
-    settled: list[Candidate | None] = []
+    settled: list[tuple[Candidate | None, int]] = []
     for step in _small_steps(
         topology, message_bytes, mix, num_chunks, options=options, unit_s=unit_s, log=log
     ):
-        best = _settle(topology, message_bytes, step, options=options, unit_s=unit_s)[0]
-        _absorb(log, step)
         settled.append(
-            _polished(topology, message_bytes, best, step.num_chunks, options=options, unit_s=unit_s, log=log)
+            (_settle(topology, message_bytes, step, options=options, unit_s=unit_s)[0], step.num_chunks)
         )
-    return settled
+        _absorb(log, step)
+    return _polished_in_turn(topology, message_bytes, settled, options=options, unit_s=unit_s, log=log)
+
+
+def _polished_in_turn(
+    topology: Topology,
+    message_bytes: int,
+    settled: Sequence[tuple[Candidate | None, int]],
+    *,
+    lead_s: float = math.inf,
+    options: SearchOptions,
+    unit_s: float,
+    log: SearchLog,
+) -> list[Candidate | None]:
+    """Each settled (plan, K), by increasing K, after :func:`_polished` with the polished plan
+    of K - 1 as its ``fewer``; a plan more than ``lead_s`` behind is left out (None) unless the
+    next K is in and takes it as ``fewer``.
+
+    ``fewer`` is polished (on a held-out 3-dim network, seed 31 #3, the AllReduce optimum at
+    K = 4 splits an order of the polished 3-chunk plan that the settled one did not have), and
+    polished the same way whether K was forced or searched, so that the search stays no worse
+    than a forced K: on libra-4d at 256 MiB that costs the search the polish of K = 3 (3 s),
+    which it would otherwise skip."""
+    polished: list[Candidate | None] = []
+    for index, (plan, num_chunks) in enumerate(settled):
+        after = settled[index + 1] if index + 1 < len(settled) else (None, 0)
+        takes_fewer = after[1] == num_chunks + 1 > ENUMERATED_MAX_CHUNKS
+        needed = plan is not None and (
+            plan.makespan_s <= lead_s
+            or (takes_fewer and after[0] is not None and after[0].makespan_s <= lead_s)
+        )
+        before = polished[-1] if index > 0 and settled[index - 1][1] == num_chunks - 1 else None
+        polished.append(
+            _polished(
+                topology,
+                message_bytes,
+                plan,
+                num_chunks,
+                fewer=before,
+                options=options,
+                unit_s=unit_s,
+                log=log,
+            )
+            if needed
+            else None
+        )
+    return polished
 
 
 def _small_steps(
@@ -470,10 +520,14 @@ def search(
             # K itself was not run (its floor is above the best): report the baselines at K.
             seeds = baseline_seeds(topology, message_bytes, forced, options.collective)
             baselines = {seed.structure.source: seed.makespan_s for seed in seeds}
-        polished = [
-            _polished(topology, message_bytes, c, step.num_chunks, options=options, unit_s=unit_s, log=log)
-            for (c, _), step in zip(settled, steps, strict=True)
-        ]
+        polished = _polished_in_turn(
+            topology,
+            message_bytes,
+            [(c, step.num_chunks) for (c, _), step in zip(settled, steps, strict=True)],
+            options=options,
+            unit_s=unit_s,
+            log=log,
+        )
         return _checked(_fastest(polished), log), baselines
     best, baselines = _search_ladder(topology, message_bytes, mix, options=options, unit_s=unit_s, log=log)
     return _checked(best, log), baselines
@@ -498,6 +552,7 @@ def _polished(
     best: Candidate | None,
     max_chunks: int,
     *,
+    fewer: Candidate | None = None,
     options: SearchOptions,
     unit_s: float,
     log: SearchLog,
@@ -505,8 +560,10 @@ def _polished(
     """The fastest of ``best`` and the enumerated order multisets (:mod:`.enumeration`, where
     few enough), the :data:`POLISHED_STARTS` fastest of them after
     :func:`.sequence_mip.polish_sequences`; past the enumeration's K, the fastest then
-    takes the order substitutions its MIP finds faster (:func:`.sequence_mip.substitute_orders`),
-    within it the reshaping steps (:func:`.sequence_mip.reshape_orders`).
+    races ``fewer`` (the polished plan of K - 1, when given) with one of its orders split
+    (:func:`.sequence_mip.split_orders`) and takes the order substitutions its MIP finds
+    faster (:func:`.sequence_mip.substitute_orders`); within the enumeration's K, the
+    reshaping steps (:func:`.sequence_mip.reshape_orders`).
     ``best`` itself when there is nothing to gain: no plan, the ablations, too many chunks
     or dims, or already at its K's latency floor."""
     if best is None or not (options.climb and options.lp_sizes) or max_chunks > AT_MOST_MAX_CHUNKS:
@@ -545,6 +602,17 @@ def _polished(
     ]
     fastest = _fastest([best, *polished])
     assert fastest is not None
+    if (
+        max_chunks > ENUMERATED_MAX_CHUNKS
+        and fewer is not None
+        and fewer.structure.num_chunks == max_chunks - 1
+        and all(fewer.structure.orders != s.structure.orders for s in starts[:POLISHED_STARTS])
+        and fastest.makespan_s > floor_s * (1 + NEAR_FLOOR)
+    ):
+        # The plan of K - 1 with an order split: the search's plan at K may have other orders.
+        fastest = split_orders(
+            topology, message_bytes, fewer, fastest, options=options, unit_s=unit_s, log=log
+        )
     if (
         max_chunks > ENUMERATED_MAX_CHUNKS
         and fastest.structure.num_chunks == max_chunks
@@ -795,11 +863,15 @@ def _search_ladder(
         # forced K), unless the plan so far leads it by more than the polish has ever gained;
         # last, so that its LPs do not eat into the budget of the splits.
         lead_s = best.makespan_s * (1 + POLISH_WINDOW)
-        polished = [
-            _polished(topology, message_bytes, c, step.num_chunks, options=options, unit_s=unit_s, log=log)
-            for c, step in zip(settled, steps, strict=True)
-            if c is not None and c.makespan_s <= lead_s
-        ]
+        polished = _polished_in_turn(
+            topology,
+            message_bytes,
+            [(c, step.num_chunks) for c, step in zip(settled, steps, strict=True)],
+            lead_s=lead_s,
+            options=options,
+            unit_s=unit_s,
+            log=log,
+        )
         best = _fastest([best, *polished])
     baselines: dict[str, float] = {}
     if options.baseline_seeds:
