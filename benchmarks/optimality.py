@@ -2,7 +2,7 @@
 and hipipe against the best lower bound ``max(T_mix, T_pipe)``.
 
     python benchmarks/optimality.py [--quick] [--time-limit 60] [--hard-time-limit 15]
-        [--generated 40] [--seed 7] [--out DIR]
+        [--generated 40] [--seed 7] [--collective all_reduce] [--out DIR]
 
 For every reference network and message (16 MiB .. 1 GiB): hipipe with its own K against
 the best bound; then for K = 2..4, hipipe forced to K against ``exact`` at K (a MIP with a
@@ -10,8 +10,11 @@ per-solve time limit: ``--time-limit`` where the goal asks for a proof, K <= 3 o
 dims, ``--hard-time-limit`` elsewhere; unproven solves report their gap). Prints a card per network, the
 goals, the cells where the exact planner found a better structure (orders and sizes side
 by side), and ends with one JSON line. Then the same comparison on ``--generated`` random
-networks (held out: 2-4 dims, one K in 2..4 each), where the goal is checked as users will. With ``--out DIR`` it also writes
-``optimality-<machine>-<date>.md``.
+networks (held out: 2-4 dims, one K in 2..4 each), where the goal is checked as users will.
+``--collective`` plans ReduceScatter or AllGather instead of AllReduce (every planner, bound
+and message of the run). With ``--out DIR`` it also writes
+``optimality-<machine>-<date>.md`` (``optimality-<collective>-<machine>-<date>.md`` for the
+other collectives).
 """
 
 import argparse
@@ -32,7 +35,7 @@ from hipipe import Dimension, Topology, plan
 from hipipe.bounds import best_bound_s, order_mix_bound_s, pipeline_bound_s
 from hipipe.planners.exact import plan_exact
 from hipipe.presets import PRESETS
-from hipipe.schedule import Schedule
+from hipipe.schedule import Collective, Schedule
 
 MIB = 1024**2
 MESSAGES = (16 * MIB, 64 * MIB, 256 * MIB, 1024 * MIB)
@@ -48,6 +51,11 @@ MISSED_STRUCTURE = 1e-3
 GENERATED = 40
 """Generated networks (held out: the planner was never tuned on them), one K each."""
 GENERATED_SEED = 7
+COLLECTIVE_NAMES = {
+    Collective.ALL_REDUCE: "AllReduce",
+    Collective.REDUCE_SCATTER: "ReduceScatter",
+    Collective.ALL_GATHER: "AllGather",
+}
 
 
 def _size(message_bytes: int) -> str:
@@ -75,17 +83,21 @@ def sequences_text(schedule: Schedule) -> str:
 
 
 def run_cell(
-    preset: str, message_bytes: int, time_limit_s: float, hard_time_limit_s: float
+    preset: str,
+    message_bytes: int,
+    time_limit_s: float,
+    hard_time_limit_s: float,
+    collective: Collective = Collective.ALL_REDUCE,
 ) -> dict[str, Any]:
     topology = PRESETS[preset]()
-    free = plan(topology, message_bytes, "hipipe")
-    bound_s = best_bound_s(topology, message_bytes)
+    free = plan(topology, message_bytes, "hipipe", collective=collective)
+    bound_s = best_bound_s(topology, message_bytes, collective)
     cell: dict[str, Any] = {
         "preset": preset,
         "message_bytes": message_bytes,
         "num_dims": topology.num_dims,
-        "order_mix_bound_s": order_mix_bound_s(topology, message_bytes),
-        "pipeline_bound_s": pipeline_bound_s(topology, message_bytes),
+        "order_mix_bound_s": order_mix_bound_s(topology, message_bytes, collective),
+        "pipeline_bound_s": pipeline_bound_s(topology, message_bytes, collective),
         "best_bound_s": bound_s,
         "hipipe_s": free.makespan_s,
         "hipipe_num_chunks": free.num_chunks,
@@ -93,10 +105,10 @@ def run_cell(
         "per_k": {},
     }
     for k in CHUNK_COUNTS:
-        hipipe_k = plan(topology, message_bytes, "hipipe", num_chunks=k)
+        hipipe_k = plan(topology, message_bytes, "hipipe", num_chunks=k, collective=collective)
         started = time.perf_counter()
         limit_s = time_limit_s if topology.num_dims <= 3 and k <= 3 else hard_time_limit_s
-        exact = plan_exact(topology, message_bytes, num_chunks=k, time_limit_s=limit_s)
+        exact = plan_exact(topology, message_bytes, num_chunks=k, time_limit_s=limit_s, collective=collective)
         solve_s = time.perf_counter() - started
         entry = {
             "hipipe_s": hipipe_k.makespan_s,
@@ -120,7 +132,7 @@ def run_cell(
     # Every schedule has <= 4 chunks (>= the MIP's dual bound at K = 4) or >= 5 chunks (>= T_pipe
     # counting 5 chunks' latency): the smaller of the two is a floor for every K.
     dual_s = cell["per_k"][max(CHUNK_COUNTS)]["dual_bound_s"]
-    many_s = pipeline_bound_s(topology, message_bytes, min_chunks=max(CHUNK_COUNTS) + 1)
+    many_s = pipeline_bound_s(topology, message_bytes, collective, min_chunks=max(CHUNK_COUNTS) + 1)
     cell["exact_backed_bound_s"] = max(bound_s, min(dual_s, many_s)) if dual_s is not None else bound_s
     cell["hipipe_vs_exact_backed_bound"] = free.makespan_s / cell["exact_backed_bound_s"] - 1
     # The bound goal: within 5% of the best bound, or proven optimal at hipipe's own K.
@@ -165,16 +177,20 @@ def generated_instances(count: int, seed: int) -> list[tuple[Topology, int, int,
 
 
 def run_generated(
-    count: int, seed: int, time_limit_s: float, hard_time_limit_s: float
+    count: int,
+    seed: int,
+    time_limit_s: float,
+    hard_time_limit_s: float,
+    collective: Collective = Collective.ALL_REDUCE,
 ) -> list[dict[str, Any]]:
     """hipipe forced to K against exact at K on :func:`generated_instances`."""
     entries = []
     for index, (topology, message, k, text) in enumerate(generated_instances(count, seed)):
         started = time.perf_counter()
-        hipipe_k = plan(topology, message, "hipipe", num_chunks=k)
+        hipipe_k = plan(topology, message, "hipipe", num_chunks=k, collective=collective)
         plan_s = time.perf_counter() - started
         limit_s = time_limit_s if topology.num_dims <= 3 and k <= 3 else hard_time_limit_s
-        exact = plan_exact(topology, message, num_chunks=k, time_limit_s=limit_s)
+        exact = plan_exact(topology, message, num_chunks=k, time_limit_s=limit_s, collective=collective)
         entry = {
             "index": index,
             "network": text,
@@ -339,12 +355,13 @@ def write_markdown(
     limits: str,
     argv: str,
     generated: list[str],
+    collective: Collective,
 ) -> None:
     lines = [
         f"# Optimality benchmark ({machine}, {datetime.date.today().isoformat()})",
         "",
         f"Generated by `python benchmarks/optimality.py {argv}`.",
-        "Simulated times under the alpha-beta cost model (AllReduce). `exact` is the MIP planner:",
+        f"Simulated times under the alpha-beta cost model ({COLLECTIVE_NAMES[collective]}). `exact` is the MIP planner:",
         "the best schedule with at most K chunks, `*` when HiGHS proved it optimal within the",
         "per-solve time limit (otherwise its final gap). The best bound is `max(T_mix, T_pipe)`;",
         "the exact-backed bound is `max(best bound, min(dual bound of exact at K = 4, T_pipe for K >= 5))`,",
@@ -403,6 +420,12 @@ def main(argv: list[str] | None = None) -> int:
         "--generated", type=int, default=GENERATED, help="generated networks, one K each (0: none)"
     )
     parser.add_argument("--seed", type=int, default=GENERATED_SEED, help="seed of the generated networks")
+    parser.add_argument(
+        "--collective",
+        type=Collective.parse,
+        default=Collective.ALL_REDUCE,
+        help="all_reduce (default), reduce_scatter or all_gather",
+    )
     parser.add_argument("--out", type=Path, help="write the markdown report here")
     args = parser.parse_args(argv)
     presets = QUICK_PRESETS if args.quick else tuple(PRESETS)
@@ -413,13 +436,13 @@ def main(argv: list[str] | None = None) -> int:
     for preset in presets:
         group = []
         for message in messages:
-            group.append(run_cell(preset, message, args.time_limit, args.hard_time_limit))
+            group.append(run_cell(preset, message, args.time_limit, args.hard_time_limit, args.collective))
             print(
                 f"  {preset} {_size(message)} done at {time.perf_counter() - started:.0f} s", file=sys.stderr
             )
         cells.extend(group)
         card(console, preset, group)
-    entries = run_generated(args.generated, args.seed, args.time_limit, args.hard_time_limit)
+    entries = run_generated(args.generated, args.seed, args.time_limit, args.hard_time_limit, args.collective)
     summary = summarize(cells)
     summary.update(summarize_generated(entries))
     summary["wall_s"] = time.perf_counter() - started
@@ -434,13 +457,23 @@ def main(argv: list[str] | None = None) -> int:
     machine = f"{os.cpu_count()}cpu"
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-        path = args.out / f"optimality-{machine}-{datetime.date.today().isoformat()}.md"
-        write_markdown(
-            path, cells, summary, machine, limits, " ".join(sys.argv[1:] if argv is None else argv), generated
+        name = (
+            "optimality"
+            if args.collective is Collective.ALL_REDUCE
+            else f"optimality-{args.collective.value}"
         )
+        path = args.out / f"{name}-{machine}-{datetime.date.today().isoformat()}.md"
+        command = " ".join(sys.argv[1:] if argv is None else argv)
+        write_markdown(path, cells, summary, machine, limits, command, generated, args.collective)
         console.print(f"wrote {path}")
     sys.stdout.flush()
-    document = {"benchmark": "optimality", "machine": machine, "summary": summary, "cells": cells}
+    document = {
+        "benchmark": "optimality",
+        "machine": machine,
+        "collective": args.collective.value,
+        "summary": summary,
+        "cells": cells,
+    }
     print(json.dumps({**document, "generated": entries}))
     return 0
 
