@@ -291,10 +291,7 @@ def polish_sequences(
             unit_s=unit_s,
             log=log,
         )
-        if candidate is not None:
-            _record_mip(log, num_chunks, candidate)
-            if better(best, candidate):
-                best = candidate
+        best = _recorded_faster(log, best, candidate, num_chunks)
     if num_chunks < max_chunks:
         best = split_orders(topology, message_bytes, start, best, options=options, unit_s=unit_s, log=log)
     return best
@@ -345,15 +342,17 @@ def split_orders(
             unit_s=unit_s,
             log=log,
         )
-        if candidate is None:
-            continue
-        _record_mip(log, len(trial), candidate)
-        if better(best, candidate):
-            best = candidate
+        best = _recorded_faster(log, best, candidate, len(trial))
     return best
 
 
-def _record_mip(log: SearchLog, num_chunks: int, candidate: Candidate) -> None:
+def _recorded_faster(
+    log: SearchLog, best: Candidate, candidate: Candidate | None, num_chunks: int
+) -> Candidate:
+    """The faster of ``best`` and a sequence MIP's ``candidate`` for ``num_chunks`` chunks
+    (None: the MIP found nothing), the candidate kept in the search's record."""
+    if candidate is None:
+        return best
     log.tried.append(
         Trial(
             num_chunks=num_chunks,
@@ -362,6 +361,7 @@ def _record_mip(log: SearchLog, num_chunks: int, candidate: Candidate) -> None:
             makespan_s=candidate.makespan_s,
         )
     )
+    return candidate if better(best, candidate) else best
 
 
 def _solved(
