@@ -28,7 +28,13 @@ import numpy as np
 
 from hipipe.planners.hipipe.candidates import Candidate, SearchLog, SearchOptions, better, optimize_structure
 from hipipe.planners.hipipe.local_search import nested_descent, nested_descent_timed, swap_critical_pairs
-from hipipe.planners.hipipe.sequencing import NESTED_RULES, Rule, list_schedule, longest_path_s
+from hipipe.planners.hipipe.sequencing import (
+    NESTED_RULES,
+    Rule,
+    list_schedule,
+    longest_path_s,
+    mirrored_list_schedule,
+)
 from hipipe.planners.hipipe.structure import OpTable, Order, Structure, op_table
 from hipipe.topology import Topology
 
@@ -59,6 +65,18 @@ RULES: tuple[Rule, ...] = (Rule.NESTED, Rule.FIFO)
 """The screen's list schedules: nested (the proven optima at K <= 4 are mostly nested on
 every dim; the descent starts from it) and FIFO (some are not: one 4-dim optimum runs
 ``1R 1A 2R 2A 0R 0A`` on a dim). The four climb rules found nothing these two did not."""
+
+
+def _rule_schedules(
+    table: OpTable, durations_s: np.ndarray
+) -> list[tuple[Rule, tuple[tuple[int, ...], ...]]]:
+    """The screen's list schedules of :data:`RULES`; for an AllGather (a half chain of
+    gathers) also those run backwards in time (:func:`.sequencing.mirrored_list_schedule`),
+    which list it as the ReduceScatter it mirrors."""
+    schedules = [(rule, list_schedule(table, durations_s, rule)) for rule in RULES]
+    if table.chain_length == table.num_dims and bool(table.gathers.all()):
+        schedules += [(rule, mirrored_list_schedule(table, durations_s, rule)) for rule in RULES]
+    return schedules
 
 
 MAX_DISTINCT_FIRST = 1296
@@ -244,7 +262,7 @@ def _listed_and_descended(
 ) -> tuple[list[tuple[tuple[int, ...], ...]], tuple[tuple[int, ...], ...], float]:
     """The list schedules of :data:`RULES` at ``durations_s``, and the nested descent from
     the fastest of them with its makespan: :func:`screened_order`'s screens."""
-    listed = [list_schedule(table, durations_s, rule) for rule in RULES]
+    listed = [sequences for _, sequences in _rule_schedules(table, durations_s)]
     start = min(listed, key=lambda sequences: longest_path_s(table, durations_s, sequences))
     descended, descended_s = nested_descent_timed(table, durations_s, start)
     return listed, descended, descended_s
@@ -273,8 +291,7 @@ def _screened(
             table = op_table(topology, combo, options.collective)
             durations = table.durations_s(equal)
             best: tuple[float, tuple[tuple[int, ...], ...]] | None = None
-            for rule in RULES:
-                sequences = list_schedule(table, durations, rule)
+            for rule, sequences in _rule_schedules(table, durations):
                 if rule in NESTED_RULES and descend_best is None:
                     sequences, makespan_s = nested_descent_timed(table, durations, sequences)
                 else:
@@ -337,7 +354,7 @@ def _sized(
             num_chunks = len(orders_of)
             table = op_table(topology, orders_of, options.collective)
             durations = table.durations_s(screened.sizes_bytes)
-            first = [screened.structure.sequences, *(list_schedule(table, durations, r) for r in RULES)]
+            first = [screened.structure.sequences, *(seq for _, seq in _rule_schedules(table, durations))]
             candidate = _lp_sized(
                 topology, message_bytes, orders_of, first, options=single_lp, unit_s=unit_s, log=log
             )
