@@ -260,8 +260,8 @@ def screened_order(
 def _listed_and_descended(
     table: OpTable, durations_s: np.ndarray
 ) -> tuple[list[tuple[tuple[int, ...], ...]], tuple[tuple[int, ...], ...], float]:
-    """The list schedules of :data:`RULES` at ``durations_s``, and the nested descent from
-    the fastest of them with its makespan: :func:`screened_order`'s screens."""
+    """The screen's list schedules at ``durations_s`` (:func:`_rule_schedules`), and the nested
+    descent from the fastest of them with its makespan: :func:`screened_order`'s screens."""
     listed = [sequences for _, sequences in _rule_schedules(table, durations_s)]
     start = min(listed, key=lambda sequences: longest_path_s(table, durations_s, sequences))
     descended, descended_s = nested_descent_timed(table, durations_s, start)
@@ -340,7 +340,7 @@ def _sized(
     descend_best: int | None = None,
 ) -> list[Candidate]:
     """The :data:`SCREENED` best screened ``combos``, each sized by LP on its screened
-    sequences and the list schedules of :data:`RULES`, then its nested sequences chosen
+    sequences and the screen's list schedules (:func:`_rule_schedules`), then its nested sequences chosen
     again at those sizes (:func:`.local_search.nested_descent_timed`) and re-sized;
     fastest first."""
     if ("sized", *key) not in log.enumerated:
