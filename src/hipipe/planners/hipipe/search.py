@@ -438,11 +438,12 @@ def _polished_in_turn(
     which it would otherwise skip."""
     polished: list[Candidate | None] = []
     for index, (plan, num_chunks) in enumerate(settled):
-        after = settled[index + 1] if index + 1 < len(settled) else (None, 0)
-        takes_fewer = after[1] == num_chunks + 1 > ENUMERATED_MAX_CHUNKS
+        next_plan, next_chunks = settled[index + 1] if index + 1 < len(settled) else (None, 0)
+        # Past the enumeration's K, a polished K takes this plan as its ``fewer``.
+        next_takes_this = next_chunks == num_chunks + 1 and next_chunks > ENUMERATED_MAX_CHUNKS
         needed = plan is not None and (
             plan.makespan_s <= lead_s
-            or (takes_fewer and after[0] is not None and after[0].makespan_s <= lead_s)
+            or (next_takes_this and next_plan is not None and next_plan.makespan_s <= lead_s)
         )
         before = polished[-1] if index > 0 and settled[index - 1][1] == num_chunks - 1 else None
         polished.append(
