@@ -49,6 +49,8 @@ from hipipe.planners.hipipe.local_search import NEAR_FLOOR, climb_orders, nested
 from hipipe.planners.hipipe.seeds import baseline_seeds, improve_with_seeds
 from hipipe.planners.hipipe.sequence_mip import MAX_DIMS as POLISH_MAX_DIMS
 from hipipe.planners.hipipe.sequence_mip import (
+    every_multiset,
+    exhausts_multisets,
     polish_sequences,
     reshape_orders,
     split_orders,
@@ -621,6 +623,11 @@ def _polished(
     ):
         # Past the enumeration's K, its neighbours one order away, judged by their MIP.
         return substitute_orders(topology, message_bytes, fastest, options=options, unit_s=unit_s, log=log)
+    if exhausts_multisets(topology.num_dims, max_chunks) and fastest.makespan_s > floor_s * (1 + NEAR_FLOOR):
+        # Few enough multisets that each gets its MIP (the reshaping steps' too).
+        return every_multiset(
+            topology, message_bytes, fastest, max_chunks=max_chunks, options=options, unit_s=unit_s, log=log
+        )
     if max_chunks <= ENUMERATED_MAX_CHUNKS and fastest.makespan_s > floor_s * (1 + NEAR_FLOOR):
         # Within the enumeration's K, a few reshaping steps judged by their MIP: an order
         # replaced by any other, or a chunk added.
