@@ -184,8 +184,19 @@ def run_generated(
     collective: Collective = Collective.ALL_REDUCE,
 ) -> list[dict[str, Any]]:
     """hipipe forced to K against exact at K on :func:`generated_instances`."""
+    return run_instances(generated_instances(count, seed), time_limit_s, hard_time_limit_s, collective)
+
+
+def run_instances(
+    instances: list[tuple[Topology, int, int, str]],
+    time_limit_s: float,
+    hard_time_limit_s: float,
+    collective: Collective,
+) -> list[dict[str, Any]]:
+    """hipipe forced to K against exact at K on each (network, message, K, description)."""
     entries = []
-    for index, (topology, message, k, text) in enumerate(generated_instances(count, seed)):
+    count = len(instances)
+    for index, (topology, message, k, text) in enumerate(instances):
         started = time.perf_counter()
         hipipe_k = plan(topology, message, "hipipe", num_chunks=k, collective=collective)
         plan_s = time.perf_counter() - started
