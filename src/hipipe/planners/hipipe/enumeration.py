@@ -187,6 +187,29 @@ def enumerated_candidates(
     return sorted(finished, key=lambda c: c.makespan_s)
 
 
+def sized_pairs(
+    topology: Topology,
+    message_bytes: int,
+    *,
+    options: SearchOptions,
+    unit_s: float,
+    log: SearchLog,
+) -> list[Candidate]:
+    """Every pair of orders screened, the :data:`SCREENED` best sized by LP, fastest first
+    (as :func:`enumerated_candidates` ranks them at K = 2; kept in ``log``)."""
+    orders = list(itertools.permutations(range(topology.num_dims)))
+    pairs: list[tuple[Order, ...]] = list(itertools.combinations_with_replacement(orders, 2))
+    return _sized(
+        topology,
+        message_bytes,
+        ("multisets", tuple(orders), 2),
+        pairs,
+        options=options,
+        unit_s=unit_s,
+        log=log,
+    )
+
+
 def distinct_first_assignments(num_dims: int) -> list[tuple[Order, ...]]:
     """Every assignment of one order per dim to ``num_dims`` chunks where chunk ``f`` starts
     on dim ``f``: each dim is some chunk's first, so none idles while the pipeline fills,

@@ -51,6 +51,8 @@ from hipipe.planners.hipipe.sequence_mip import MAX_DIMS as POLISH_MAX_DIMS
 from hipipe.planners.hipipe.sequence_mip import (
     every_multiset,
     exhausts_multisets,
+    extended_pairs,
+    extends_pairs,
     polish_sequences,
     reshape_orders,
     split_orders,
@@ -628,6 +630,9 @@ def _polished(
         return every_multiset(
             topology, message_bytes, fastest, max_chunks=max_chunks, options=options, unit_s=unit_s, log=log
         )
+    if extends_pairs(topology.num_dims, max_chunks) and fastest.makespan_s > floor_s * (1 + NEAR_FLOOR):
+        # Where triples are pooled: the best pairs with a chunk in any order, by their MIP.
+        fastest = extended_pairs(topology, message_bytes, fastest, options=options, unit_s=unit_s, log=log)
     if max_chunks <= ENUMERATED_MAX_CHUNKS and fastest.makespan_s > floor_s * (1 + NEAR_FLOOR):
         # Within the enumeration's K, a few reshaping steps judged by their MIP: an order
         # replaced by any other, or a chunk added.
