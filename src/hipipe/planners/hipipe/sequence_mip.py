@@ -722,8 +722,26 @@ def every_multiset(
     if not exhausts_multisets(topology.num_dims, max_chunks) or start.structure.num_chunks > max_chunks:
         return start
     orders = list(itertools.permutations(range(topology.num_dims)))
+    trials = list(itertools.combinations_with_replacement(orders, max_chunks))
+    best = _fastest_of(topology, message_bytes, start, trials, options=options, unit_s=unit_s, log=log)
+    log.improved(start, best, "every multiset")
+    return best
+
+
+def _fastest_of(
+    topology: Topology,
+    message_bytes: int,
+    start: Candidate,
+    trials: Sequence[tuple[Order, ...]],
+    *,
+    options: SearchOptions,
+    unit_s: float,
+    log: SearchLog,
+) -> Candidate:
+    """``start``, or the fastest plan of the sorted order multisets ``trials``, each solved by
+    its MIP in turn against the best so far."""
     best = start
-    for trial in itertools.combinations_with_replacement(orders, max_chunks):
+    for trial in trials:
         if trial == tuple(sorted(best.structure.orders)) or trial in log.proven_orders:
             continue  # the incumbent's own orders, or a MIP already proved these orders' best
         candidate = _solved(
@@ -737,8 +755,7 @@ def every_multiset(
             unit_s=unit_s,
             log=log,
         )
-        best = _recorded_faster(log, best, candidate, max_chunks)
-    log.improved(start, best, "every multiset")
+        best = _recorded_faster(log, best, candidate, len(trial))
     return best
 
 
@@ -782,30 +799,14 @@ def extended_pairs(
     if not extends_pairs(topology.num_dims, start.structure.num_chunks) or start.structure.num_chunks != 3:
         return start
     orders = list(itertools.permutations(range(topology.num_dims)))
+    pairs = sized_pairs(topology, message_bytes, options=options, unit_s=unit_s, log=log)
     trials: list[tuple[Order, ...]] = []
-    for pair in sized_pairs(topology, message_bytes, options=options, unit_s=unit_s, log=log)[
-        :EXTENDED_PAIRS
-    ]:
+    for pair in pairs[:EXTENDED_PAIRS]:
         for order in orders:
             trial = tuple(sorted((*pair.structure.orders, order)))
             if trial not in trials:
                 trials.append(trial)
-    best = start
-    for trial in trials:
-        if trial == tuple(sorted(best.structure.orders)) or trial in log.proven_orders:
-            continue
-        candidate = _solved(
-            topology,
-            message_bytes,
-            trial,
-            start=None,
-            incumbent=best,
-            source=start.structure.source,
-            options=options,
-            unit_s=unit_s,
-            log=log,
-        )
-        best = _recorded_faster(log, best, candidate, len(trial))
+    best = _fastest_of(topology, message_bytes, start, trials, options=options, unit_s=unit_s, log=log)
     log.improved(start, best, "extended pairs")
     return best
 
