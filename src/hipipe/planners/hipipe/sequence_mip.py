@@ -796,8 +796,8 @@ def extended_pairs(
     #31 of the optimality benchmark, 1.28% faster). Up to 48 MIPs, most of them ending at
     their root: about 0.05 s for a ReduceScatter, 0.4-4 s for an AllReduce on a 2-core host.
     """
-    if not extends_pairs(topology.num_dims, start.structure.num_chunks) or start.structure.num_chunks != 3:
-        return start
+    if not extends_pairs(topology.num_dims, 3) or start.structure.num_chunks > 3:
+        return start  # a plan of 2 chunks (one emptied) is extended too: the trials have 3
     orders = list(itertools.permutations(range(topology.num_dims)))
     pairs = sized_pairs(topology, message_bytes, options=options, unit_s=unit_s, log=log)
     trials: list[tuple[Order, ...]] = []
