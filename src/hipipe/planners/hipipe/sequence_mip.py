@@ -39,7 +39,12 @@ from hipipe.planners.hipipe.candidates import (
     better,
     optimize_structure,
 )
-from hipipe.planners.hipipe.enumeration import enumerates_every_multiset, screened_order, sized_pairs
+from hipipe.planners.hipipe.enumeration import (
+    combinations,
+    enumerates_every_multiset,
+    screened_order,
+    sized_pairs,
+)
 from hipipe.planners.hipipe.sequencing import Deadlock, end_times_s
 from hipipe.planners.hipipe.structure import OpTable, Order, op_table
 from hipipe.schedule import Collective
@@ -689,7 +694,7 @@ def exhausts_multisets(num_dims: int, num_chunks: int) -> bool:
     """Whether :func:`every_multiset` runs for ``num_chunks`` chunks on ``num_dims`` dims:
     the enumeration screens every multiset there, and they are at most
     :data:`EXHAUSTIVE_MAX_PAIRS` pairs or :data:`EXHAUSTIVE_MAX_MULTISETS` larger multisets."""
-    multisets = math.comb(math.factorial(num_dims) + num_chunks - 1, num_chunks)
+    multisets = combinations(math.factorial(num_dims), num_chunks)
     return (
         num_chunks >= 2
         and num_dims <= MAX_DIMS
