@@ -452,13 +452,22 @@ NEW_FIRST_MAX_SOLVES = 4
 """Sequence MIPs the new-first-dim rounds may solve (a fruitless round costs 0.5-1 s)."""
 
 DEEP_NODES = 10_000
-"""Branch-and-bound nodes of the last solve of a substitution search on 3 dims (up to
-:data:`NEW_FIRST_MAX_DIMS`): the plan's own orders again, from its sequences, unless a MIP
+"""Branch-and-bound nodes of the last solve of a substitution search on 3 and 4 dims (up to
+:data:`DEEP_MAX_DIMS`): the plan's own orders again, from its sequences, unless a MIP
 already proved them. A 400-node MIP stops at an incumbent. On the two networks above the
 neighbour's MIP reached 0.24306 and 8.39874 ms; only with several thousand nodes did it reach
 the optima, 0.24030 and 8.24488 ms (proven after 3,790 and 9,780 nodes, 2.2 and 4.1 s on a
 2-core host). On a third (seed 19, #19) the plan had the optimum's orders at 0.54613 ms; their
 deeper MIP found the optimum, 0.53516 ms (-2.0%)."""
+
+DEEP_MAX_DIMS = 4
+"""Up to this many dims (from 3) the substitution search ends with the deeper MIP. On 4 dims
+the exact planner rarely proves K = 4 within a minute, but its incumbent can still lead: on
+seed 7's generated 4-dim network #34 (16 MiB) it was 0.1079 ms (30% gap) against hipipe's
+0.11032, with the same orders; their deeper MIP finds 0.10786 ms. On 20 networks drawn for this check (4 dims, K = 4, AllReduce; the
+exact planner given 60 s each, proving 4) the deeper MIP took 4 plans 0.27-2.70% below the
+exact planner's schedule (none was above it by more than 1% before or after) for 300 -> 327 s
+of plan time in all (at most +9 s a plan); 3,000 nodes would have found 3 of the 4."""
 
 
 def order_neighbours(
@@ -513,8 +522,9 @@ def substitute_orders(
 
     On 3 dims (up to :data:`NEW_FIRST_MAX_DIMS`), rounds of the substitutions that give a chunk
     another first dim follow, after those that keep it (first, so that these cannot take
-    the solves of the neighbours that won on the reference grid). The plan then gets its own
-    orders' MIP once more, with :data:`DEEP_NODES`, unless a MIP already proved them.
+    the solves of the neighbours that won on the reference grid). On 3 and 4 dims (up to
+    :data:`DEEP_MAX_DIMS`) the plan then gets its own orders' MIP once more, with
+    :data:`DEEP_NODES`, unless a MIP already proved them.
     """
     if topology.num_dims > SUBSTITUTION_MAX_DIMS or start.structure.num_chunks < 2:
         return start
@@ -545,7 +555,8 @@ def substitute_orders(
             unit_s=unit_s,
             log=log,
         )
-    if new_first_dims and tuple(sorted(best.structure.orders)) not in log.proven_orders:
+    deepens = 3 <= topology.num_dims <= DEEP_MAX_DIMS
+    if deepens and tuple(sorted(best.structure.orders)) not in log.proven_orders:
         deeper = _solved(
             topology,
             message_bytes,
