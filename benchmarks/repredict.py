@@ -1,6 +1,6 @@
 """Recorded testbed runs predicted again by today's cost model, in seconds instead of an hour.
 
-    .venv/bin/python benchmarks/repredict.py FILE [FILE ...] [--keep-op-s]
+    .venv/bin/python benchmarks/repredict.py FILE [FILE ...] [--keep-op-s] [--calibration-of OTHER]
 
 Each FILE is a ``hipipe bench --json`` document, or the JSON of ``benchmarks/testbed.py``
 (its ``--out`` file, or a log whose last line is its JSON line), which holds one such
@@ -11,7 +11,11 @@ recorded measured / predicted beside today's, and in total how many rows are wit
 and the RMS of ``log(measured / predicted)`` then and now. Rows re-planned because the
 document predates recorded schedules are marked ``*``. A document with a traced run
 (``hipipe bench --gantt``) gets a second table: that run's op times, measured on rank 0,
-against the replay's mean op times, per (dims, phase, size) and per dim. Needs no root, no testbed and no
+against the replay's mean op times, per (dims, phase, size) and per dim. With
+``--calibration-of OTHER`` every document is predicted on the calibration (lines and
+overheads) that OTHER recorded for the same testbed (shape and rates) instead of its own:
+how far a prediction moves with the calibration alone. Documents whose testbed OTHER has
+no run of are skipped and named; none left is an error. Needs no root, no testbed and no
 torch. Ends with one JSON line.
 """
 
@@ -51,6 +55,17 @@ def documents_in(path: Path) -> list[dict[str, Any]]:
     if isinstance(data, dict) and "rows" in data:
         return [data]
     raise HipipeError(f"{path}: neither a hipipe bench document nor a testbed benchmark's JSON")
+
+
+def same_testbed(document: dict[str, Any], others: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The document of ``others`` recorded on ``document``'s testbed (shape and rates), if any."""
+    key = (document.get("shape"), document.get("rates_bits_per_s"))
+    return next((o for o in others if (o.get("shape"), o.get("rates_bits_per_s")) == key), None)
+
+
+def testbed_name(document: dict[str, Any]) -> str:
+    rates = "/".join(format_rate(r) for r in document.get("rates_bits_per_s") or ())
+    return f"{document.get('shape')} at {rates}"
 
 
 def within(ratio: float) -> bool:
@@ -123,16 +138,37 @@ def main() -> int:
     parser.add_argument(
         "--keep-op-s", action="store_true", help="keep the recorded per-op cost instead of fitting it again"
     )
+    parser.add_argument(
+        "--calibration-of",
+        type=Path,
+        metavar="OTHER",
+        help="predict on the calibration OTHER (a bench document or testbed benchmark JSON) recorded for the same testbed",
+    )
     args = parser.parse_args()
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
     runs: list[RepredictedRun] = []
     try:
+        others = documents_in(args.calibration_of) if args.calibration_of is not None else None
+        skipped: list[str] = []
         for path in args.files:
             for document in documents_in(path):
-                runs.append(repredict_document(document, refit_op_s=not args.keep_op_s))
+                other = None if others is None else same_testbed(document, others)
+                if others is not None and other is None:
+                    skipped.append(testbed_name(document))
+                    continue
+                runs.append(repredict_document(document, refit_op_s=not args.keep_op_s, calibration_of=other))
+        if not runs:
+            raise HipipeError(
+                f"{args.calibration_of}: no run of {', '.join(skipped)} to take the calibration of"
+            )
     except (OSError, HipipeError) as error:
         console.print(f"[red]error:[/red] {error}", markup=True)
         return 2
+    if args.calibration_of is not None:
+        console.print(
+            f"predicted on the calibrations {args.calibration_of} recorded for the same testbeds"
+            + (f"; skipped (no such calibration there): {', '.join(skipped)}" if skipped else "")
+        )
     for run in runs:
         card(console, run)
     rows = [row for run in runs for row in run.rows]
@@ -147,6 +183,7 @@ def main() -> int:
         "rms_log_error_recorded": rms_log_error(then),
         "rms_log_error_now": rms_log_error(now),
         "op_s_refitted": not args.keep_op_s,
+        "calibration_of": None if args.calibration_of is None else str(args.calibration_of),
         "traced_dim_busy_measured_over_modelled": [
             {
                 "shape": run.shape,

@@ -41,15 +41,20 @@ RATES = (100e6, 50e6)
 REPO = Path(__file__).resolve().parent.parent
 
 
-@functools.cache
 def _calibration() -> Calibration:
     """Lines of 1 ms + the wire; an overhead run 30% slower than they predict (no traces,
     no host term): the per-op cost is what the bisection gives it."""
+    return _calibration_with(1e-3)
+
+
+@functools.cache
+def _calibration_with(op_latency_s: float) -> Calibration:
+    """:func:`_calibration` with lines of ``op_latency_s`` + the wire."""
     samples = []
     for dim, n in enumerate(SIZES):
         bytes_per_s = RATES[dim] / 8
         for full_bytes in (64 << 10, 1 << 20, 4 << 20):
-            time_s = 1e-3 + (n - 1) / n * full_bytes / bytes_per_s
+            time_s = op_latency_s + (n - 1) / n * full_bytes / bytes_per_s
             samples += [
                 Sample(dim=dim, phase=phase, full_bytes=full_bytes, time_s=time_s) for phase in ("RS", "AG")
             ]
@@ -249,3 +254,45 @@ def test_the_mean_op_duration_holds_the_jitter_a_base_time_leaves_out() -> None:
     m, c = 0.002, 0.003
     exact = 2 * m * math.exp(-c / m) - m / 2 * math.exp(-2 * c / m)
     assert mean_op_duration_s(-c, m, 2) == pytest.approx(exact, rel=5e-3)
+
+
+def test_rows_can_be_predicted_on_another_calibration_of_the_same_testbed(tmp_path: Path) -> None:
+    document = _document(_calibration())
+    # A second calibration of the same testbed whose lines read 1 ms more per op (a busier host).
+    other = json.loads(_document_text(_calibration_with(2e-3)))
+    own = repredict_document(document)
+    assert [r.predicted_s for r in repredict_document(document, calibration_of=document).rows] == [
+        r.predicted_s for r in own.rows
+    ]
+    moved = repredict_document(document, calibration_of=other)
+    assert [r.measured_s for r in moved.rows] == [r.measured_s for r in own.rows]
+    for before, after in zip(own.rows, moved.rows, strict=True):
+        assert after.predicted_s > before.predicted_s * 1.001  # slower lines, slower predictions
+    elsewhere = dict(other, shape="4x2")
+    with pytest.raises(HipipeError, match=r"the other calibration is of 4x2 at .* these rows ran on 2x4"):
+        repredict_document(document, calibration_of=elsewhere)
+    mine, theirs, wrong = tmp_path / "mine.json", tmp_path / "theirs.json", tmp_path / "wrong.json"
+    mine.write_text(json.dumps(document))
+    theirs.write_text(json.dumps({"benchmark": "testbed", "runs": [other]}))
+    wrong.write_text(json.dumps(elsewhere))
+    script = [sys.executable, str(REPO / "benchmarks" / "repredict.py"), str(mine), "--calibration-of"]
+    done = subprocess.run([*script, str(theirs)], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["calibration_of"] == str(theirs) and summary["rows"] == 3
+    assert summary["rms_log_error_now"] > summary["rms_log_error_recorded"]
+    failed = subprocess.run([*script, str(wrong)], capture_output=True, text=True, check=False)
+    assert failed.returncode == 2 and "Traceback" not in failed.stderr
+    assert failed.stdout.strip().splitlines() == [
+        f"error: {wrong}: no run of 2x4 at 100 Mbit/s/50 Mbit/s to take the calibration of"
+    ]
+    # Of several testbeds, those OTHER has a calibration of are predicted; the rest named as skipped.
+    both = tmp_path / "both.json"
+    both.write_text(json.dumps({"benchmark": "testbed", "runs": [document, dict(document, shape="4x2")]}))
+    partly = subprocess.run(
+        [*script[:2], str(both), *script[3:], str(theirs)], capture_output=True, text=True, check=False
+    )
+    assert partly.returncode == 0, partly.stderr
+    assert json.loads(partly.stdout.strip().splitlines()[-1])["rows"] == 3
+    words = " ".join(partly.stdout.split())  # the console wraps long lines
+    assert "skipped (no such calibration there): 4x2 at 100 Mbit/s/50 Mbit/s" in words

@@ -74,16 +74,37 @@ class RepredictedRun:
     """The traced run's op times against the model (documents of ``hipipe bench --gantt``)."""
 
 
-def repredict_document(document: Any, *, refit_op_s: bool = True) -> RepredictedRun:
+def repredict_document(
+    document: Any, *, refit_op_s: bool = True, calibration_of: Any = None
+) -> RepredictedRun:
     """Every planner row of a ``hipipe bench --json`` document (torch's excepted: its own
-    algorithm has no schedule) predicted on the document's calibration by today's model."""
-    if not isinstance(document, dict) or document.get("format") != DOCUMENT_FORMAT:
-        raise HipipeError(f"not a hipipe bench document (format {DOCUMENT_FORMAT!r} expected)")
-    calibration = document.get("calibration")
+    algorithm has no schedule) predicted on the document's calibration by today's model.
+
+    ``calibration_of``: another document of the same testbed (shape and rates) whose
+    calibration the rows are predicted on instead. Two calibrations of one testbed differ
+    by what the host did while each ran; predicting one run on both shows how much of a
+    row's measured / predicted is the calibration's own run-to-run spread.
+    """
+    _check_format(document)
+    source = document
+    if calibration_of is not None:
+        _check_format(calibration_of)
+        if (calibration_of.get("shape"), calibration_of.get("rates_bits_per_s")) != (
+            document.get("shape"),
+            document.get("rates_bits_per_s"),
+        ):
+            raise HipipeError(
+                f"the other calibration is of {calibration_of.get('shape')} at "
+                f"{calibration_of.get('rates_bits_per_s')} bit/s, these rows ran on "
+                f"{document.get('shape')} at {document.get('rates_bits_per_s')} bit/s"
+            )
+        source = calibration_of
+    calibration = source.get("calibration")
     if not isinstance(calibration, dict) or "overheads" not in calibration:
         raise HipipeError("this bench document has no calibration to predict on")
     planned_on = topology_from_dict(document["topology"])
-    predicting_on = replace(planned_on, overheads=Overheads.from_dict(calibration["overheads"]))
+    calibrated = planned_on if source is document else topology_from_dict(source["topology"])
+    predicting_on = replace(calibrated, overheads=Overheads.from_dict(calibration["overheads"]))
     recorded_op_s = predicting_on.overheads.op_s
     if refit_op_s:
         predicting_on = _with_refitted_op_s(predicting_on, calibration)
@@ -116,6 +137,11 @@ def repredict_document(document: Any, *, refit_op_s: bool = True) -> Repredicted
         rows=tuple(rows),
         residuals=trace_residuals(*traced, predicting_on) if traced is not None else None,
     )
+
+
+def _check_format(document: Any) -> None:
+    if not isinstance(document, dict) or document.get("format") != DOCUMENT_FORMAT:
+        raise HipipeError(f"not a hipipe bench document (format {DOCUMENT_FORMAT!r} expected)")
 
 
 def _with_refitted_op_s(topology: Topology, calibration: dict[str, Any]) -> Topology:
