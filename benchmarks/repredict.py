@@ -30,7 +30,13 @@ from rich.table import Table
 
 from hipipe.errors import HipipeError
 from hipipe.testbed.layout import format_rate
-from hipipe.testbed.repredict import RepredictedRun, repredict_document, rms_log_error
+from hipipe.testbed.repredict import (
+    RepredictedRun,
+    repredict_document,
+    rms_log_error,
+    same_testbed,
+    testbed_name,
+)
 from hipipe.testbed.residuals import TraceResiduals
 from hipipe.units import format_size, format_time
 
@@ -55,17 +61,6 @@ def documents_in(path: Path) -> list[dict[str, Any]]:
     if isinstance(data, dict) and "rows" in data:
         return [data]
     raise HipipeError(f"{path}: neither a hipipe bench document nor a testbed benchmark's JSON")
-
-
-def same_testbed(document: dict[str, Any], others: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The document of ``others`` recorded on ``document``'s testbed (shape and rates), if any."""
-    key = (document.get("shape"), document.get("rates_bits_per_s"))
-    return next((o for o in others if (o.get("shape"), o.get("rates_bits_per_s")) == key), None)
-
-
-def testbed_name(document: dict[str, Any]) -> str:
-    rates = "/".join(format_rate(r) for r in document.get("rates_bits_per_s") or ())
-    return f"{document.get('shape')} at {rates}"
 
 
 def within(ratio: float) -> bool:
@@ -152,7 +147,9 @@ def main() -> int:
         skipped: list[str] = []
         for path in args.files:
             for document in documents_in(path):
-                other = None if others is None else same_testbed(document, others)
+                other = (
+                    None if others is None else next((o for o in others if same_testbed(o, document)), None)
+                )
                 if others is not None and other is None:
                     skipped.append(testbed_name(document))
                     continue

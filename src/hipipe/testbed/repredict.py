@@ -29,6 +29,7 @@ from hipipe.planners import PLANNERS, plan
 from hipipe.predict import predicted_s
 from hipipe.schedule import schedule_from_dict
 from hipipe.testbed.fit import OVERHEAD_NUM_CHUNKS, OVERHEAD_PLANNER, OVERHEAD_SCHEDULE_NAME, fit_op_s, retime
+from hipipe.testbed.layout import format_rate
 from hipipe.testbed.residuals import TraceResiduals, trace_residuals, traced_panels
 from hipipe.topology import Topology
 from hipipe.topology_io import topology_from_dict
@@ -89,14 +90,10 @@ def repredict_document(
     source = document
     if calibration_of is not None:
         _check_format(calibration_of)
-        if (calibration_of.get("shape"), calibration_of.get("rates_bits_per_s")) != (
-            document.get("shape"),
-            document.get("rates_bits_per_s"),
-        ):
+        if not same_testbed(calibration_of, document):
             raise HipipeError(
-                f"the other calibration is of {calibration_of.get('shape')} at "
-                f"{calibration_of.get('rates_bits_per_s')} bit/s, these rows ran on "
-                f"{document.get('shape')} at {document.get('rates_bits_per_s')} bit/s"
+                f"the other calibration is of {testbed_name(calibration_of)}, "
+                f"these rows ran on {testbed_name(document)}"
             )
         source = calibration_of
     calibration = source.get("calibration")
@@ -137,6 +134,20 @@ def repredict_document(
         rows=tuple(rows),
         residuals=trace_residuals(*traced, predicting_on) if traced is not None else None,
     )
+
+
+def same_testbed(one: dict[str, Any], other: dict[str, Any]) -> bool:
+    """Whether two bench documents ran on the same testbed: shape and rates."""
+    return (one.get("shape"), one.get("rates_bits_per_s")) == (
+        other.get("shape"),
+        other.get("rates_bits_per_s"),
+    )
+
+
+def testbed_name(document: dict[str, Any]) -> str:
+    """``2x4 at 100 Mbit/s/50 Mbit/s``."""
+    rates = "/".join(format_rate(r) for r in document.get("rates_bits_per_s") or ())
+    return f"{document.get('shape')} at {rates}"
 
 
 def _check_format(document: Any) -> None:

@@ -464,10 +464,11 @@ DEEP_MAX_DIMS = 4
 """Up to this many dims (from 3) the substitution search ends with the deeper MIP. On 4 dims
 the exact planner rarely proves K = 4 within a minute, but its incumbent can still lead: on
 seed 7's generated 4-dim network #34 (16 MiB) it was 0.1079 ms (30% gap) against hipipe's
-0.11032, with the same orders; their deeper MIP finds 0.10786 ms. On 20 networks drawn for this check (4 dims, K = 4, AllReduce; the
-exact planner given 60 s each, proving 4) the deeper MIP took 4 plans 0.27-2.70% below the
-exact planner's schedule (none was above it by more than 1% before or after) for 300 -> 327 s
-of plan time in all (at most +9 s a plan); 3,000 nodes would have found 3 of the 4."""
+0.11032, with the same orders; their deeper MIP finds 0.10786 ms. On 20 networks drawn for
+this check (4 dims, K = 4, AllReduce; the exact planner given 60 s each, proving 4) the
+deeper MIP took 4 plans 0.27-2.70% below the exact planner's schedule (none was above it by
+more than 1% before or after) for 300 -> 327 s of plan time in all (at most +9 s a plan);
+3,000 nodes would have found 3 of the 4."""
 
 
 def order_neighbours(
