@@ -436,6 +436,30 @@ def test_the_deeper_mip_of_the_plans_orders_runs_on_four_dims(monkeypatch):
     assert sorted(c.order for c in shallow.chunks) == sorted(c.order for c in hipipe.chunks)
 
 
+GENERATED_22 = "fully_connected 2 400 500, fully_connected 8 25 2000, ring 8 25 500, ring 2 200 5000"
+"""Seed 7's generated network #22 (`benchmarks/optimality.py`): 4 dims, where the exact planner
+proves K = 4 for AllGather and ReduceScatter, and hipipe missed it by 1.38% and 1.82%."""
+# `hipipe plan --planner exact --chunks 4 --collective all_gather` at 16 MiB: 0.1061814 ms, proven.
+GENERATED_22_GATHER_OPTIMUM_S = 0.1061814e-3
+
+
+@pytest.mark.slow
+def test_one_phase_collectives_move_a_chunk_to_a_new_first_dim_on_four_dims(monkeypatch):
+    topology = _network(22, {22: GENERATED_22})
+    message = 16 * 1024**2
+    hipipe = plan(topology, message, "hipipe", num_chunks=4, collective="all_gather")
+    assert hipipe.makespan_s >= GENERATED_22_GATHER_OPTIMUM_S * (1 - 1e-5)
+    assert hipipe.makespan_s <= GENERATED_22_GATHER_OPTIMUM_S * (1 + 1e-5)
+    # the optimum's chunk that starts on the slow ring 2 (dim 3), the others on dim 0
+    assert sorted(chunk.order[0][0] for chunk in hipipe.chunks) == [0, 0, 0, 3]
+    assert simulate(hipipe).makespan_s == pytest.approx(hipipe.makespan_s, rel=1e-9)
+    monkeypatch.setattr(sequence_mip, "NEW_FIRST_ONE_PHASE_MAX_DIMS", 3)
+    kept = plan(topology, message, "hipipe", num_chunks=4, collective="all_gather")
+    # 0.10765 ms: every chunk starts on dim 0
+    assert kept.makespan_s > GENERATED_22_GATHER_OPTIMUM_S * 1.01
+    assert sorted(chunk.order[0][0] for chunk in kept.chunks) == [0, 0, 0, 0]
+
+
 # `hipipe plan --planner exact --chunks 4` at 256 MiB proved 1.134073 ms (43 s) with three chunks.
 RESHAPED_THREE_DIM_OPTIMUM_S = 1.134073e-3
 

@@ -444,9 +444,21 @@ the plan's small chunk (4% and 8% of the message) from ``(0, 1, 2)`` to ``(1, 0,
 1.26% and 2.40% faster than the plan. On 4 dims there are three times as many such
 neighbours and a 4-dim MIP costs up to 1.6 s."""
 
+NEW_FIRST_ONE_PHASE_MAX_DIMS = 4
+"""The same rounds for ReduceScatter and AllGather go up to 4 dims: their MIPs have half
+the ops of an AllReduce's (one phase per chunk and dim), and the exact planner proves their
+4-dim K = 4 optima, which showed what the rounds miss there. On the optimality benchmark's
+generated network #22 (16 MiB, K = 4) the AllGather optimum moves one chunk's
+``(0, 3, 1, 2)`` to ``(3, 0, 1, 2)``, a neighbour whose MIP proves it in 0.2 s: the plan
+went 0.10765 -> 0.10618 ms (the optimum)."""
+
 NEW_FIRST_PER_ROUND = 2
 """Neighbours with a new first dim whose MIP a round solves: the optima above ranked 1st
 and 2nd of 15 and 10 by the screen."""
+
+NEW_FIRST_PER_ROUND_FOUR_DIMS = 4
+"""The same on 4 dims, where a 4-chunk plan has 54 such neighbours (15 on 3 dims): the
+AllGather optimum above ranked beyond the first 2."""
 
 NEW_FIRST_MAX_SOLVES = 4
 """Sequence MIPs the new-first-dim rounds may solve (a fruitless round costs 0.5-1 s)."""
@@ -521,28 +533,42 @@ def substitute_orders(
     at 1 GiB, K = 4, one such step (a chunk's ``(1, 3, 0, 2)`` -> ``(1, 3, 2, 0)``) took the
     plan from 17.755 to 17.495 ms (the proven optimum: 17.493 ms).
 
-    On 3 dims (up to :data:`NEW_FIRST_MAX_DIMS`), rounds of the substitutions that give a chunk
+    On 3 dims (up to :data:`NEW_FIRST_MAX_DIMS`; for ReduceScatter and AllGather up to
+    :data:`NEW_FIRST_ONE_PHASE_MAX_DIMS`), rounds of the substitutions that give a chunk
     another first dim follow, after those that keep it (first, so that these cannot take
-    the solves of the neighbours that won on the reference grid). On 3 and 4 dims (up to
+    the solves of the neighbours that won on the reference grid). When they move a chunk,
+    the substitutions that keep first dims get their rounds again, from the moved plan: on
+    seed 7's generated network #22 (ReduceScatter, 16 MiB, K = 4) the new first dim was
+    worth 0.10812 -> 0.10784 ms and the keep-first step it opened 0.10723 ms (the proven
+    optimum: 0.1062 ms). On 3 and 4 dims (up to
     :data:`DEEP_MAX_DIMS`) the plan then gets its own orders' MIP once more, with
     :data:`DEEP_NODES`, unless a MIP already proved them.
     """
     if topology.num_dims > SUBSTITUTION_MAX_DIMS or start.structure.num_chunks < 2:
         return start
-    new_first_dims = 3 <= topology.num_dims <= NEW_FIRST_MAX_DIMS
-    best = _improving_rounds(
-        topology,
-        message_bytes,
-        start,
-        lambda plan: [(trial, None) for trial in order_neighbours(plan.structure.orders, topology.num_dims)],
-        per_round=SUBSTITUTION_PER_ROUND,
-        max_solves=SUBSTITUTION_MAX_SOLVES,
-        options=options,
-        unit_s=unit_s,
-        log=log,
+    max_dims = (
+        NEW_FIRST_MAX_DIMS if options.collective is Collective.ALL_REDUCE else NEW_FIRST_ONE_PHASE_MAX_DIMS
     )
+    new_first_dims = 3 <= topology.num_dims <= max_dims
+
+    def keeping_first(from_plan: Candidate) -> Candidate:
+        return _improving_rounds(
+            topology,
+            message_bytes,
+            from_plan,
+            lambda plan: [
+                (trial, None) for trial in order_neighbours(plan.structure.orders, topology.num_dims)
+            ],
+            per_round=SUBSTITUTION_PER_ROUND,
+            max_solves=SUBSTITUTION_MAX_SOLVES,
+            options=options,
+            unit_s=unit_s,
+            log=log,
+        )
+
+    best = keeping_first(start)
     if new_first_dims:
-        best = _improving_rounds(
+        moved = _improving_rounds(
             topology,
             message_bytes,
             best,
@@ -550,12 +576,14 @@ def substitute_orders(
                 (trial, None)
                 for trial in order_neighbours(plan.structure.orders, topology.num_dims, new_first_dim=True)
             ],
-            per_round=NEW_FIRST_PER_ROUND,
+            per_round=NEW_FIRST_PER_ROUND if topology.num_dims <= 3 else NEW_FIRST_PER_ROUND_FOUR_DIMS,
             max_solves=NEW_FIRST_MAX_SOLVES,
             options=options,
             unit_s=unit_s,
             log=log,
         )
+        # A chunk on a new first dim opens substitutions that keep first dims again.
+        best = best if moved is best else keeping_first(moved)
     deepens = 3 <= topology.num_dims <= DEEP_MAX_DIMS
     if deepens and tuple(sorted(best.structure.orders)) not in log.proven_orders:
         deeper = _solved(
