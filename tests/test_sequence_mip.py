@@ -450,7 +450,7 @@ def test_one_phase_collectives_move_a_chunk_to_a_new_first_dim_on_four_dims(monk
     hipipe = plan(topology, message, "hipipe", num_chunks=4, collective="all_gather")
     assert hipipe.makespan_s >= GENERATED_22_GATHER_OPTIMUM_S * (1 - 1e-5)
     assert hipipe.makespan_s <= GENERATED_22_GATHER_OPTIMUM_S * (1 + 1e-5)
-    # the optimum's chunk that starts on the slow ring 2 (dim 3), the others on dim 0
+    # the optimum's one chunk that starts on the ring 2 (dim 3), the others on dim 0
     assert sorted(chunk.order[0][0] for chunk in hipipe.chunks) == [0, 0, 0, 3]
     assert simulate(hipipe).makespan_s == pytest.approx(hipipe.makespan_s, rel=1e-9)
     monkeypatch.setattr(sequence_mip, "NEW_FIRST_ONE_PHASE_MAX_DIMS", 3)

@@ -441,8 +441,8 @@ NEW_FIRST_MAX_DIMS = 3
 chunk to another first dim (:func:`order_neighbours` with ``new_first_dim``). On held-out
 generated 3-dim networks at K = 4 (seeds 11 and 13, #30 and #24) the proven optimum moves
 the plan's small chunk (4% and 8% of the message) from ``(0, 1, 2)`` to ``(1, 0, 2)``:
-1.26% and 2.40% faster than the plan. On 4 dims there are three times as many such
-neighbours and a 4-dim MIP costs up to 1.6 s."""
+1.26% and 2.40% faster than the plan. For AllReduce on 4 dims there are three times as
+many such neighbours and a 4-dim MIP costs up to 1.6 s."""
 
 NEW_FIRST_ONE_PHASE_MAX_DIMS = 4
 """The same rounds for ReduceScatter and AllGather go up to 4 dims: their MIPs have half
@@ -551,39 +551,35 @@ def substitute_orders(
     )
     new_first_dims = 3 <= topology.num_dims <= max_dims
 
-    def keeping_first(from_plan: Candidate) -> Candidate:
+    def rounds(from_plan: Candidate, *, new_first: bool) -> Candidate:
+        """The substitution rounds from ``from_plan``: those that keep first dims, or move one."""
+        if new_first:
+            per_round = NEW_FIRST_PER_ROUND if topology.num_dims <= 3 else NEW_FIRST_PER_ROUND_FOUR_DIMS
+            max_solves = NEW_FIRST_MAX_SOLVES
+        else:
+            per_round, max_solves = SUBSTITUTION_PER_ROUND, SUBSTITUTION_MAX_SOLVES
         return _improving_rounds(
             topology,
             message_bytes,
             from_plan,
             lambda plan: [
-                (trial, None) for trial in order_neighbours(plan.structure.orders, topology.num_dims)
+                (trial, None)
+                for trial in order_neighbours(
+                    plan.structure.orders, topology.num_dims, new_first_dim=new_first
+                )
             ],
-            per_round=SUBSTITUTION_PER_ROUND,
-            max_solves=SUBSTITUTION_MAX_SOLVES,
+            per_round=per_round,
+            max_solves=max_solves,
             options=options,
             unit_s=unit_s,
             log=log,
         )
 
-    best = keeping_first(start)
+    best = rounds(start, new_first=False)
     if new_first_dims:
-        moved = _improving_rounds(
-            topology,
-            message_bytes,
-            best,
-            lambda plan: [
-                (trial, None)
-                for trial in order_neighbours(plan.structure.orders, topology.num_dims, new_first_dim=True)
-            ],
-            per_round=NEW_FIRST_PER_ROUND if topology.num_dims <= 3 else NEW_FIRST_PER_ROUND_FOUR_DIMS,
-            max_solves=NEW_FIRST_MAX_SOLVES,
-            options=options,
-            unit_s=unit_s,
-            log=log,
-        )
+        moved = rounds(best, new_first=True)
         # A chunk on a new first dim opens substitutions that keep first dims again.
-        best = best if moved is best else keeping_first(moved)
+        best = best if moved is best else rounds(moved, new_first=False)
     deepens = 3 <= topology.num_dims <= DEEP_MAX_DIMS
     if deepens and tuple(sorted(best.structure.orders)) not in log.proven_orders:
         deeper = _solved(
