@@ -404,8 +404,9 @@ def test_a_substitution_to_a_new_first_dim_then_a_deeper_mip_reach_a_held_out_op
     assert simulate(hipipe).makespan_s == pytest.approx(hipipe.makespan_s, rel=1e-9)
     monkeypatch.setattr(sequence_mip, "DEEP_NODES", sequence_mip.MAX_NODES)
     shallow = plan(topology, message, "hipipe", num_chunks=4)
-    # 0.24306 ms: the right orders, with the sequences 400 nodes found
-    assert HELD_OUT_THREE_DIM_OPTIMUM_S * 1.01 < shallow.makespan_s < HELD_OUT_THREE_DIM_OPTIMUM_S * 1.012
+    # 0.24332 ms: the optimum's orders are a neighbour whose 400-node MIP finds nothing faster
+    # (before chunks of one order were ordered by their first op, 400 nodes happened on 0.24306)
+    assert shallow.makespan_s > HELD_OUT_THREE_DIM_OPTIMUM_S * 1.01
     monkeypatch.setattr(sequence_mip, "NEW_FIRST_MAX_DIMS", 2)
     monkeypatch.setattr(sequence_mip, "DEEP_MAX_DIMS", 2)
     without = plan(topology, message, "hipipe", num_chunks=4)
@@ -431,9 +432,9 @@ def test_the_deeper_mip_of_the_plans_orders_runs_on_four_dims(monkeypatch):
     assert simulate(hipipe).makespan_s == pytest.approx(hipipe.makespan_s, rel=1e-9)
     monkeypatch.setattr(sequence_mip, "DEEP_MAX_DIMS", 3)
     shallow = plan(topology, message, "hipipe", num_chunks=4)
-    # 0.11032 ms: the same orders ((0, 3, 2, 1) and (0, 3, 1, 2), two chunks each), 400 nodes' sequences
-    assert shallow.makespan_s > GENERATED_34_EXACT_S * 1.02
-    assert sorted(c.order for c in shallow.chunks) == sorted(c.order for c in hipipe.chunks)
+    # 0.10976 ms: a neighbour's 400-node MIP moved the plan to three chunks of (0, 3, 1, 2); the
+    # deeper MIPs prove those orders and then find 0.10786 ms in the start's two-and-two orders
+    assert shallow.makespan_s > GENERATED_34_EXACT_S * 1.015
 
 
 GENERATED_22 = "fully_connected 2 400 500, fully_connected 8 25 2000, ring 8 25 500, ring 2 200 5000"
@@ -630,6 +631,11 @@ def test_reshaping_reaches_held_out_optima_at_three_chunks(
     # The extended pairs reach some of these first (#34's added chunk): the reshaping alone.
     monkeypatch.setattr(sequence_mip, "EXTENDED_PAIRS", 0)
     reshaped = plan(topology, message, "hipipe", num_chunks=3)
+    if case == (11, 32):
+        # Since chunks of one order start in index order, the reshaping's 100-node MIPs take
+        # another path here and stop at 1.45032 ms; the extended pairs above are what reach it.
+        assert reshaped.makespan_s > optimum_s * 1.01
+        return
     assert optimum_s * (1 - 1e-5) <= reshaped.makespan_s <= optimum_s * 1.001
     assert simulate(reshaped).makespan_s == pytest.approx(reshaped.makespan_s, rel=1e-9)
     assert "reshape" in {trial["source"] for trial in reshaped.info["candidates"]}
@@ -828,3 +834,45 @@ def test_extended_pairs_run_only_where_triples_are_pooled():
     assert not sequence_mip.extends_pairs(3, 3)  # every triple is enumerated and MIP-solved
     assert not sequence_mip.extends_pairs(4, 2)
     assert not sequence_mip.extends_pairs(4, 4)
+
+
+# A generated 2-dim network of the held-out family (`benchmarks/heldout.py`'s, seed 501, #24),
+# drawn after the planner's last change: `hipipe plan --planner exact --chunks 4` at 1 GiB
+# proved 5.924779 ms with four chunks in (1, 0); the planner stopped at 5.987 ms (+1.05%) in
+# the same orders while the sizes bound the chunks' symmetry.
+SAME_ORDERS_NETWORK = "ring 2 50 10000, fully_connected 4 400 50"
+SAME_ORDERS_OPTIMUM_S = 5.924779e-3
+
+
+def test_chunks_of_one_order_start_in_index_order_and_a_relabelled_start_still_counts():
+    topology = _network(0, {0: SAME_ORDERS_NETWORK})
+    orders = ((1, 0),) * 4
+    solution = best_sequences(topology, GIB, orders, collective=Collective.ALL_REDUCE, incumbent_s=6.2e-3)
+    # Within the 400 nodes of a substitution round (the sizes' order needed 17,492 to prove it).
+    assert solution is not None and solution.nodes <= sequence_mip.MAX_NODES + 50
+    assert solution.makespan_s == pytest.approx(SAME_ORDERS_OPTIMUM_S, rel=1e-6)
+    table = op_table(topology, orders, Collective.ALL_REDUCE)
+    model = sequence_mip._Model(topology, GIB, table, orders, unit_s=6.2e-3)
+    assert len(model.same_order_pairs()) == 3
+    firsts = [table.chain_length * j for j in range(4)]
+    first_dim = solution.sequences[1]
+    assert [op for op in first_dim if op in firsts] == firsts  # lower index first
+    # The same schedule with its chunks numbered backwards is still an incumbent the model accepts.
+    start = _local_search_plan(topology, GIB, orders)[0]
+    length = table.chain_length
+    backwards = tuple(
+        tuple((3 - op // length) * length + op % length for op in seq) for seq in start.structure.sequences
+    )
+    values = model.values_of(backwards, start.sizes_bytes[::-1].copy())
+    assert values is not None
+    assert values[model.makespan_col] * 6.2e-3 == pytest.approx(start.makespan_s, rel=1e-9)
+    for i in model.same_order_pairs():
+        assert values[model.x0 + i] == 1.0
+
+
+def test_a_two_dim_plan_of_one_order_reaches_the_proven_optimum():
+    topology = _network(0, {0: SAME_ORDERS_NETWORK})
+    hipipe = plan(topology, GIB, "hipipe", num_chunks=4)
+    assert hipipe.makespan_s >= SAME_ORDERS_OPTIMUM_S * (1 - 1e-6)
+    assert hipipe.makespan_s <= SAME_ORDERS_OPTIMUM_S * (1 + 1e-5)
+    assert simulate(hipipe).makespan_s == pytest.approx(hipipe.makespan_s, rel=1e-9)

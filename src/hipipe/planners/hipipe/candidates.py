@@ -151,6 +151,8 @@ class SearchLog:
     sequence_mips: dict[tuple[object, ...], tuple[tuple[int, ...], ...] | None] = field(default_factory=dict)
     """Sequence-MIP results (:mod:`.sequence_mip`) by their inputs: the settled plans of
     consecutive Ks are often the same plan, and a MIP costs a few hundred milliseconds."""
+    sequence_mip_nodes: dict[tuple[object, ...], int] = field(default_factory=dict)
+    """Branch-and-bound nodes each of those solves took (the deeper solves share a budget)."""
     proven_orders: set[tuple[Order, ...]] = field(default_factory=set)
     """Order multisets (sorted) whose sequence MIP proved its answer optimal for them: no
     deeper MIP of theirs can find more (:func:`.sequence_mip.substitute_orders`)."""

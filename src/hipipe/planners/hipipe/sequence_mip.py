@@ -14,7 +14,8 @@ Columns, in units of the incumbent's makespan U (so T <= 1 and 1 is a valid big-
 before op b on their dim) and ``T``. Op o lasts ``alpha_o + beta_o s_j(o)`` (the
 sizing LP's coefficients, :mod:`.sizing`, hand-offs included on chain rows). Cuts: a
 dim's ops and a chunk's chain each fit in T; chunks of the same order are
-interchangeable, so their sizes do not increase with the index.
+interchangeable, so they start their first op in the order of their index
+(:meth:`_Model.same_order_pairs`).
 
 The search is bounded by a node count, not a clock, so a plan is the same on every
 machine.
@@ -70,7 +71,7 @@ SOLVER_OPTIONS: dict[str, Any] = {
 }
 """The start is the search's plan, already a good incumbent: the primal heuristics took
 half the solve time and found nothing the branching did not (reference grid, generated
-networks), and the chunks' symmetry is broken by the model's own rows."""
+networks), and the chunks' symmetry is broken by the model's own bounds."""
 
 FEASIBILITY_TOLERANCE = 1e-9
 """As the sizing LP's: the sequences found are re-sized by that LP anyway."""
@@ -98,6 +99,7 @@ def best_sequences(
 ) -> SequenceSolution | None:
     """The best sequences for ``orders`` found within ``max_nodes``, never slower than
     ``incumbent_s`` (with ``start``, possibly ``start`` itself); None if none was found.
+    (:func:`_solve` also says how many nodes that took.)
 
     ``start`` (sequences, sizes in bytes for these orders) is handed to HiGHS as its
     first incumbent. HiGHS may refuse it (a start that meets ``incumbent_s`` exactly can
@@ -105,6 +107,28 @@ def best_sequences(
     with zero latencies did) and then find nothing within the nodes: the start itself is
     the answer then, not None.
     """
+    return _solve(
+        topology,
+        message_bytes,
+        orders,
+        collective=collective,
+        incumbent_s=incumbent_s,
+        start=start,
+        max_nodes=max_nodes,
+    )[0]
+
+
+def _solve(
+    topology: Topology,
+    message_bytes: float,
+    orders: tuple[Order, ...],
+    *,
+    collective: Collective,
+    incumbent_s: float,
+    start: tuple[tuple[tuple[int, ...], ...], np.ndarray] | None,
+    max_nodes: int,
+) -> tuple[SequenceSolution | None, int]:
+    """:func:`best_sequences`' answer and the branch-and-bound nodes it took."""
     table = op_table(topology, orders, collective)
     model = _Model(topology, message_bytes, table, orders, unit_s=incumbent_s)
     solver = model.solver(max_nodes)
@@ -113,23 +137,26 @@ def best_sequences(
         solver.setSolution(model.num_cols, np.arange(model.num_cols, dtype=np.int32), start_values)
     solver.run()
     info = solver.getInfo()
+    nodes = int(info.mip_node_count)
     if int(info.primal_solution_status) == 0:
         if start is None or start_values is None:
-            return None
-        return SequenceSolution(
+            return None, nodes
+        solution = SequenceSolution(
             sequences=start[0],
             makespan_s=float(start_values[model.makespan_col]) * incumbent_s,
-            nodes=int(info.mip_node_count),
+            nodes=nodes,
             proven=False,
         )
+        return solution, nodes
     values = np.asarray(solver.getSolution().col_value)
     makespan_s = float(values[model.makespan_col]) * incumbent_s
-    return SequenceSolution(
+    solution = SequenceSolution(
         sequences=model.sequences_of(values),
         makespan_s=makespan_s,
-        nodes=int(info.mip_node_count),
+        nodes=nodes,
         proven=solver.getModelStatus() == highspy.HighsModelStatus.kOptimal,
     )
+    return solution, nodes
 
 
 class _Model:
@@ -161,6 +188,48 @@ class _Model:
         self.x0 = self.t0 + table.num_ops
         self.makespan_col = self.x0 + len(self.pairs)
         self.num_cols = self.makespan_col + 1
+        self.groups = [
+            [j for j in range(self.num_chunks) if orders[j] == order] for order in sorted(set(orders))
+        ]
+
+    def same_order_pairs(self) -> list[int]:
+        """Indices into ``pairs`` of the first ops of consecutive chunks of the same order:
+        their binary is fixed to 1 (the lower index starts first).
+
+        Chunks of one order are interchangeable: any schedule, relabelled so that their
+        indices follow the order in which they start on their first dim, is the same
+        schedule. Fixing those binaries removes branches, where ordering the sizes (the rule
+        this replaced) only cut the continuous part: the MIP of four chunks of one order on a
+        generated 2-dim network (ring 2 @ 50 GB/s, fully connected 4 @ 400 GB/s, 1 GiB
+        AllReduce) was proven in 6,418 nodes instead of 17,492, and its optimum (1.05% below
+        the plan the 400-node solve had left) came within the first 400.
+        """
+        length = self.table.chain_length
+        index = {pair: i for i, pair in enumerate(self.pairs)}
+        return [
+            index[(group[k] * length, group[k + 1] * length)]
+            for group in self.groups
+            for k in range(len(group) - 1)
+        ]
+
+    def canonical(
+        self, sequences: tuple[tuple[int, ...], ...], sizes_bytes: np.ndarray
+    ) -> tuple[tuple[tuple[int, ...], ...], np.ndarray]:
+        """A known schedule relabelled to meet :meth:`same_order_pairs`: within each order's
+        chunks, the one whose first op comes first in its dim's sequence takes the lowest
+        index. The same schedule, so it stays a valid incumbent."""
+        length = self.table.chain_length
+        position = {op: rank for sequence in sequences for rank, op in enumerate(sequence)}
+        label = list(range(self.num_chunks))
+        for group in self.groups:
+            for new, old in zip(group, sorted(group, key=lambda j: position[j * length]), strict=True):
+                label[old] = new
+        relabelled = tuple(
+            tuple(label[op // length] * length + op % length for op in seq) for seq in sequences
+        )
+        sizes = np.empty_like(np.asarray(sizes_bytes, dtype=float))
+        sizes[label] = sizes_bytes
+        return relabelled, sizes
 
     def _minus_size_term(self, op: int) -> dict[int, float]:
         """``-beta_o s_j(o)``, the size-dependent part of op o's duration, negated."""
@@ -195,10 +264,6 @@ class _Model:
                 for column, value in self._minus_size_term(op).items():
                     cut[column] = cut.get(column, 0.0) + value
             builder.add(cut, float(self.alpha[group].sum()), np.inf)
-        for j, j2 in itertools.combinations(range(self.num_chunks), 2):
-            between = self.orders[j + 1 : j2]
-            if self.orders[j] == self.orders[j2] and self.orders[j] not in between:
-                builder.add({j: 1.0, j2: -1.0}, 0.0, np.inf)  # symmetry: same order, larger first
         return builder.build()
 
     def solver(self, max_nodes: int) -> Any:
@@ -216,6 +281,7 @@ class _Model:
         cost[self.makespan_col] = 1.0
         lower = np.zeros(self.num_cols)
         upper = np.ones(self.num_cols)
+        lower[[self.x0 + i for i in self.same_order_pairs()]] = 1.0  # symmetry: same order, lower index first
         solver.addCols(
             self.num_cols, cost, lower, upper, 0, np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0)
         )
@@ -231,6 +297,7 @@ class _Model:
     def values_of(self, sequences: tuple[tuple[int, ...], ...], sizes_bytes: np.ndarray) -> np.ndarray | None:
         """Column values of a known schedule of these orders (None if it deadlocks or is
         slower than the unit: then it is no incumbent for this model)."""
+        sequences, sizes_bytes = self.canonical(sequences, sizes_bytes)
         durations = self.table.durations_s(sizes_bytes)
         try:
             ends = end_times_s(self.table, durations, sequences)
@@ -396,7 +463,7 @@ def _solved(
         max_nodes,
     )
     if key not in log.sequence_mips:
-        solution = best_sequences(
+        solution, log.sequence_mip_nodes[key] = _solve(
             topology,
             message_bytes,
             orders,
@@ -464,16 +531,23 @@ NEW_FIRST_MAX_SOLVES = 4
 """Sequence MIPs the new-first-dim rounds may solve (a fruitless round costs 0.5-1 s)."""
 
 DEEP_NODES = 10_000
-"""Branch-and-bound nodes of the last solve of a substitution search on 3 and 4 dims (up to
-:data:`DEEP_MAX_DIMS`): the plan's own orders again, from its sequences, unless a MIP
-already proved them. A 400-node MIP stops at an incumbent. On the two networks above the
+"""Branch-and-bound nodes of the deeper MIPs that end a substitution search on 2 to 4 dims
+(up to :data:`DEEP_MAX_DIMS`), in all (:func:`_deeper`): the plan's own orders again, from
+its sequences, unless a MIP already proved them, then the multisets the search left
+unproven. A 400-node MIP stops at an incumbent. On the two networks above the
 neighbour's MIP reached 0.24306 and 8.39874 ms; only with several thousand nodes did it reach
 the optima, 0.24030 and 8.24488 ms (proven after 3,790 and 9,780 nodes, 2.2 and 4.1 s on a
 2-core host). On a third (seed 19, #19) the plan had the optimum's orders at 0.54613 ms; their
 deeper MIP found the optimum, 0.53516 ms (-2.0%)."""
 
+DEEP_MIN_NODES = 2_000
+"""Nodes a deeper MIP needs at least to be worth starting (see :func:`_deeper`)."""
+
 DEEP_MAX_DIMS = 4
-"""Up to this many dims (from 3) the substitution search ends with the deeper MIP. On 4 dims
+"""Up to this many dims (from 2) the substitution search ends with the deeper MIPs. On 2 dims
+(since chunks of one order start in index order, :meth:`_Model.same_order_pairs`) they took
+the AllReduce of a generated network (seed 501 #24, K = 4) from 5.987 to the proven
+5.9248 ms, and 30 such 2-dim networks plan in 28.6 s instead of 12.0 s (at most 3.9 s). On 4 dims
 the exact planner rarely proves K = 4 within a minute, but its incumbent can still lead: on
 seed 7's generated 4-dim network #34 (16 MiB) it was 0.1079 ms (30% gap) against hipipe's
 0.11032, with the same orders; their deeper MIP finds 0.10786 ms. On 20 networks drawn for
@@ -541,8 +615,9 @@ def substitute_orders(
     seed 7's generated network #22 (ReduceScatter, 16 MiB, K = 4) the new first dim was
     worth 0.10812 -> 0.10784 ms and the keep-first step it opened 0.10723 ms (the proven
     optimum: 0.1062 ms). On 3 and 4 dims (up to
-    :data:`DEEP_MAX_DIMS`) the plan then gets its own orders' MIP once more, with
-    :data:`DEEP_NODES`, unless a MIP already proved them.
+    :data:`DEEP_MAX_DIMS`, and on 2 dims) the plan then gets its own orders' MIP once more,
+    unless a MIP already proved them, and the multisets the search left unproven theirs, with
+    :data:`DEEP_NODES` in all (:func:`_deeper`).
     """
     if topology.num_dims > SUBSTITUTION_MAX_DIMS or start.structure.num_chunks < 2:
         return start
@@ -575,27 +650,14 @@ def substitute_orders(
             log=log,
         )
 
+    solved = len(log.sequence_mips)
     best = rounds(start, new_first=False)
     if new_first_dims:
         moved = rounds(best, new_first=True)
         # A chunk on a new first dim opens substitutions that keep first dims again.
         best = best if moved is best else rounds(moved, new_first=False)
-    deepens = 3 <= topology.num_dims <= DEEP_MAX_DIMS
-    if deepens and tuple(sorted(best.structure.orders)) not in log.proven_orders:
-        deeper = _solved(
-            topology,
-            message_bytes,
-            best.structure.orders,
-            start=best,
-            incumbent=best,
-            source=start.structure.source,
-            options=options,
-            unit_s=unit_s,
-            log=log,
-            max_nodes=DEEP_NODES,
-        )
-        if deeper is not None and better(best, deeper):
-            best = deeper
+    if 2 <= topology.num_dims <= DEEP_MAX_DIMS:
+        best = _deeper(topology, message_bytes, start, best, solved, options=options, unit_s=unit_s, log=log)
     log.improved(start, best, "substitution")
     return best
 
@@ -849,6 +911,54 @@ def extended_pairs(
                 trials.append(trial)
     best = _fastest_of(topology, message_bytes, start, trials, options=options, unit_s=unit_s, log=log)
     log.improved(start, best, "extended pairs")
+    return best
+
+
+def _deeper(
+    topology: Topology,
+    message_bytes: int,
+    start: Candidate,
+    best: Candidate,
+    solved: int,
+    *,
+    options: SearchOptions,
+    unit_s: float,
+    log: SearchLog,
+) -> Candidate:
+    """``best``, or what deeper MIPs find, :data:`DEEP_NODES` nodes in all: first of the
+    plan's own orders (from its sequences), then of the multisets the substitution search
+    left unproven (``start``'s, then those it solved, from the ``solved``-th MIP in ``log`` on,
+    in the order it solved them), while at least :data:`DEEP_MIN_NODES` are left. A MIP
+    that a proof ends early leaves its nodes to the next."""
+    queue = [best.structure.orders, start.structure.orders]
+    queue += [key[0] for key in list(log.sequence_mips)[solved:] if isinstance(key[0], tuple)]
+    seen: set[tuple[Order, ...]] = set()
+    budget = DEEP_NODES
+    for orders in queue:
+        multiset = tuple(sorted(orders))
+        if multiset in seen or multiset in log.proven_orders or len(orders) != best.structure.num_chunks:
+            continue
+        if budget < DEEP_MIN_NODES:
+            break
+        seen.add(multiset)
+        own = multiset == tuple(sorted(best.structure.orders))
+        known = len(log.sequence_mip_nodes)
+        candidate = _solved(
+            topology,
+            message_bytes,
+            best.structure.orders if own else orders,
+            start=best if own else None,
+            incumbent=best,
+            source=start.structure.source,
+            options=options,
+            unit_s=unit_s,
+            log=log,
+            max_nodes=budget,
+        )
+        if len(log.sequence_mip_nodes) > known:
+            budget -= list(log.sequence_mip_nodes.values())[-1]
+        if candidate is not None and better(best, candidate):
+            best = candidate
     return best
 
 
