@@ -876,3 +876,25 @@ def test_a_two_dim_plan_of_one_order_reaches_the_proven_optimum():
     assert hipipe.makespan_s >= SAME_ORDERS_OPTIMUM_S * (1 - 1e-6)
     assert hipipe.makespan_s <= SAME_ORDERS_OPTIMUM_S * (1 + 1e-5)
     assert simulate(hipipe).makespan_s == pytest.approx(hipipe.makespan_s, rel=1e-9)
+
+
+# Held-out 117#3 (`benchmarks/heldout.py`, seed 117): `hipipe plan --planner exact --chunks 4`
+# proved 0.9686590 ms with four chunks of (1, 0). The substitution rounds' neighbour with those
+# orders had had its 400-node MIP earlier in the search (no result), so the deeper MIPs, which
+# counted only the MIPs the rounds ran, never gave it more nodes: the plan stopped at 0.97719 ms.
+TRIED_EARLIER_NETWORK = "switch 2 25 10, ring 3 150 2000"
+TRIED_EARLIER_MESSAGE = 67_108_872
+TRIED_EARLIER_OPTIMUM_S = 0.968659e-3
+
+
+def test_the_deeper_mips_cover_neighbours_whose_mip_ran_before_the_rounds(monkeypatch):
+    topology = _network(0, {0: TRIED_EARLIER_NETWORK})
+    hipipe = plan(topology, TRIED_EARLIER_MESSAGE, "hipipe", num_chunks=4)
+    assert hipipe.makespan_s >= TRIED_EARLIER_OPTIMUM_S * (1 - 1e-5)
+    assert hipipe.makespan_s <= TRIED_EARLIER_OPTIMUM_S * (1 + 1e-5)
+    assert sorted(c.order for c in hipipe.chunks) == [((1,), (0,))] * 4
+    assert simulate(hipipe).makespan_s == pytest.approx(hipipe.makespan_s, rel=1e-9)
+    # With the deeper MIPs off on 2 dims, the plan keeps one chunk in (0, 1), 0.88% above.
+    monkeypatch.setattr(sequence_mip, "DEEP_MAX_DIMS", 1)
+    shallow = plan(topology, TRIED_EARLIER_MESSAGE, "hipipe", num_chunks=4)
+    assert shallow.makespan_s > TRIED_EARLIER_OPTIMUM_S * 1.008
