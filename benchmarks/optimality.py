@@ -139,7 +139,8 @@ def run_cell(
         cell["per_k"][k] = entry
     cell["deeper"] = {}
     last = max(CHUNK_COUNTS)
-    floors = {last: _floor_s(topology, message_bytes, collective, last, cell["per_k"][last]["dual_bound_s"])}
+    many_s = pipeline_bound_s(topology, message_bytes, collective, min_chunks=last + 1)
+    floors = {last: _floor_s(cell["per_k"][last]["dual_bound_s"], many_s)}
     _judge(cell, bound_s, floors)
     for k in DEEPER_BOUND_CHUNKS:
         if cell["bound_goal"] != "missed":
@@ -160,21 +161,17 @@ def run_cell(
             "solve_s": time.perf_counter() - started,
             "time_limit_s": hard_time_limit_s,
         }
-        floors[k] = _floor_s(topology, message_bytes, collective, k, cell["deeper"][k]["dual_bound_s"])
+        floors[k] = _floor_s(cell["deeper"][k]["dual_bound_s"], many_s)
         _judge(cell, bound_s, floors)
     return cell
 
 
-def _floor_s(
-    topology: Topology, message_bytes: int, collective: Collective, k: int, dual_s: float | None
-) -> float | None:
-    """A floor for every K from the exact planner's dual bound ``dual_s`` at K = ``k`` (its
-    schedules have at most k chunks): every schedule has at most k chunks (>= that dual
-    bound) or at least k + 1 (>= T_pipe counting k + 1 chunks' latency), so the smaller of
-    the two. None without a dual bound."""
-    if dual_s is None:
-        return None
-    return min(dual_s, pipeline_bound_s(topology, message_bytes, collective, min_chunks=k + 1))
+def _floor_s(dual_s: float | None, many_s: float) -> float | None:
+    """A floor for every K from the exact planner's dual bound ``dual_s`` at some K = k (its
+    schedules have at most k chunks) and ``many_s``, T_pipe counting k + 1 chunks' latency:
+    every schedule has at most k chunks (>= the dual bound) or at least k + 1 (>= ``many_s``),
+    so the smaller of the two. None without a dual bound."""
+    return None if dual_s is None else min(dual_s, many_s)
 
 
 def _judge(cell: dict[str, Any], bound_s: float, floors: dict[int, float | None]) -> None:

@@ -946,7 +946,7 @@ def _deeper(
             break
         seen.add(multiset)
         own = multiset == tuple(sorted(best.structure.orders))
-        known = len(log.sequence_mip_nodes)
+        spent = sum(log.sequence_mip_nodes.values())
         candidate = _solved(
             topology,
             message_bytes,
@@ -959,8 +959,7 @@ def _deeper(
             log=log,
             max_nodes=budget,
         )
-        if len(log.sequence_mip_nodes) > known:
-            budget -= list(log.sequence_mip_nodes.values())[-1]
+        budget -= sum(log.sequence_mip_nodes.values()) - spent  # nothing if the solve was cached
         if candidate is not None and better(best, candidate):
             best = candidate
     return best
