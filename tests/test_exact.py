@@ -132,6 +132,24 @@ def test_time_limit_returns_the_incumbent_with_its_gap() -> None:
     assert_valid_exact(schedule)
 
 
+def test_hipipe_seeds_the_mip_once_up_to_k_4_and_every_count_above() -> None:
+    """hipipe's forced K is already its best with at most K chunks (K <= 4), and a forced K
+    above 4 is never worse than a forced 4: fewer-chunk calls would only cost seed time."""
+    topology = PRESETS["tpu-2d"]()
+    three = plan_exact(topology, 16 * MIB, num_chunks=3, time_limit_s=20)
+    assert sorted(three.info["seeds_makespan_s"]) == ["hipipe@3", "pipelined@1", "pipelined@2", "pipelined@3"]
+    assert 0 < three.info["seed_time_s"] <= three.info["solve_time_s"]
+    hipipe_at = {k: plan(topology, 16 * MIB, "hipipe", num_chunks=k).makespan_s for k in (1, 2, 3, 4, 5)}
+    assert all(hipipe_at[3] <= hipipe_at[k] * (1 + 1e-9) for k in (1, 2))
+    assert all(hipipe_at[5] <= hipipe_at[k] * (1 + 1e-9) for k in (1, 2, 3, 4))
+    six = plan_exact(topology, 16 * MIB, num_chunks=6, time_limit_s=5)
+    assert {name for name in six.info["seeds_makespan_s"] if name.startswith("hipipe")} == {
+        "hipipe@5",
+        "hipipe@6",
+    }
+    assert_valid_exact(six)
+
+
 # -- refusals --------------------------------------------------------------------------
 
 

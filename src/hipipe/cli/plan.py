@@ -39,7 +39,8 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
         default=None,
         metavar="SECONDS",
         help=f"exact planner only: stop the MIP after this long and keep the best schedule found"
-        f" with its gap (default: {DEFAULT_TIME_LIMIT_S:g})",
+        f" with its gap (default: {DEFAULT_TIME_LIMIT_S:g}); the seed planners run before it"
+        " (info: seed_time_s)",
     )
     parser.add_argument("--json", metavar="FILE", help="write the schedule as JSON ('-' for stdout)")
     parser.add_argument("--gantt", metavar="FILE.png", help="write a Gantt chart of the schedule")

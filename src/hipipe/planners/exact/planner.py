@@ -5,8 +5,9 @@ formulation). The MIP starts from known schedules with K chunks (the ``pipelined
 baseline, and ``hipipe`` when it plans the collective): the best of them bounds the
 makespan, which is both the time unit and the big-M, and HiGHS only has to improve on
 it. After the solve, the simulator re-times the MIP's orders, sizes and sequences
-(``fixed`` policy) and must agree with the MIP's makespan; the checker must prove an
-AllReduce schedule (it does not know ReduceScatter and AllGather yet). ``info`` records whether optimality was proven and the final gap.
+(``fixed`` policy) and must agree with the MIP's makespan, and the checker must prove the
+schedule. ``info`` records whether optimality was proven, the final gap, and how the time
+went: the seed planners first (``seed_time_s``), then the MIP, whose time the limit bounds.
 """
 
 import math
@@ -22,6 +23,7 @@ from hipipe.bounds import best_bound_s, new_highs
 from hipipe.checker import check_or_raise
 from hipipe.errors import HipipeError, SolverError
 from hipipe.planners.exact.model import ExactModel, solver_values
+from hipipe.planners.hipipe.search import AT_MOST_MAX_CHUNKS
 from hipipe.schedule import Chunk, Collective, Schedule
 from hipipe.simulator import Policy, simulate_chunks
 from hipipe.topology import Topology
@@ -40,6 +42,12 @@ FEASIBILITY_TOLERANCE = 1e-9
 AGREEMENT_RELATIVE = 1e-6
 DEFAULT_SEEDS: tuple[str, ...] = ("pipelined", "hipipe")
 """Planners whose K-chunk schedules start the MIP (any that plans the collective)."""
+AT_MOST_SEEDS: dict[str, int] = {"hipipe": AT_MOST_MAX_CHUNKS}
+"""Seed planners whose forced K is already the best they find with at most K chunks, up to
+this K: hipipe settles every K' <= 4 inside a forced K, and a forced K above 4 is never
+worse than a forced 4. Their fewer-chunk schedules would only be slower starts, and they
+cost the most: on libra-4d at 256 MiB hipipe plans K = 3 and 4 in 7 and 14 s, so seeding
+K = 6 with every count took 51 s before the MIP began, and 29 s with K = 5 and 6 alone."""
 
 
 def plan_exact(
@@ -77,6 +85,7 @@ def plan_exact(
         )
     started = time.perf_counter()
     seed_schedules = _seed_schedules(topology, message_bytes, num_chunks, collective, seeds)
+    seed_time_s = time.perf_counter() - started
     best_seed = min(seed_schedules, key=lambda s: s.makespan_s)
     model = ExactModel(topology, message_bytes, num_chunks, collective, time_unit_s=best_seed.makespan_s)
     solver = _build_solver(model, time_limit_s)
@@ -122,6 +131,7 @@ def plan_exact(
         "mip_dual_bound_s": dual_bound_s,
         "mip_nodes": int(info_values.mip_node_count),
         "solve_time_s": time.perf_counter() - started,
+        "seed_time_s": seed_time_s,
         "time_limit_s": time_limit_s,
         "seeds_makespan_s": {s.planner: s.makespan_s for s in seed_schedules},
         "orders_used": [list(c.dims_order()) for c in schedule.chunks],
@@ -136,14 +146,17 @@ def _seed_schedules(
     """The seed planners' schedules with 1..K chunks, labelled ``planner@K``.
 
     Fewer chunks count too: the MIP allows up to K, and on a latency-heavy network a
-    seed's K-1-chunk plan can beat its K-chunk one (libra-4d, 64 MiB: hipipe 0.790 ms at
-    K = 2, 0.838 ms at K = 3). Seeds that refuse the instance are skipped.
+    seed's K-1-chunk plan can beat its K-chunk one (``pipelined`` on libra-4d at 256 MiB:
+    1.824 ms with 4 chunks, 1.898 ms with 5). A planner of :data:`AT_MOST_SEEDS` is asked
+    for K alone up to its bound, and above it for every count past the bound. Seeds that refuse the instance are skipped.
     """
     from hipipe.planners import plan
 
     found = []
     for name in seeds:
-        for count in range(1, num_chunks + 1):
+        bound = AT_MOST_SEEDS.get(name)
+        first = 1 if bound is None else num_chunks if num_chunks <= bound else bound + 1
+        for count in range(first, num_chunks + 1):
             try:
                 schedule = plan(topology, message_bytes, name, num_chunks=count, collective=collective)
             except HipipeError:
