@@ -17,7 +17,8 @@ the search is never worse than those forced Ks, and a forced K <= AT_MOST_MAX_CH
 "at most K chunks". Unless K is forced, the best plan's chunks are then split while that
 helps (:mod:`.splitting`: the ramp that Ks built from scratch cannot have), and a split
 plan's binding pairs are swapped again; the polish comes after the splits, so that its LPs
-do not eat into their budget.
+do not eat into their budget. The best plan and the polished few-chunk plans near it then
+get one chunk more in every order, built from scratch (:func:`_with_added_chunk`).
 Last, the baselines' own structures are re-sized where they would still win
 (:mod:`.seeds`), so the result is never worse than a baseline.
 """
@@ -44,7 +45,7 @@ from hipipe.planners.hipipe.enumeration import KEPT as ENUMERATED_KEPT
 from hipipe.planners.hipipe.enumeration import MAX_CHUNKS as ENUMERATED_MAX_CHUNKS
 from hipipe.planners.hipipe.enumeration import enumerated_candidates
 from hipipe.planners.hipipe.families import FEW_CHUNK_FAMILIES, families
-from hipipe.planners.hipipe.filler import add_filler
+from hipipe.planners.hipipe.filler import add_any_chunk, add_filler
 from hipipe.planners.hipipe.local_search import NEAR_FLOOR, climb_orders, nested_descent, swap_critical_pairs
 from hipipe.planners.hipipe.seeds import baseline_seeds, improve_with_seeds
 from hipipe.planners.hipipe.sequence_mip import MAX_DIMS as POLISH_MAX_DIMS
@@ -707,6 +708,47 @@ def _sweep(
     return _fastest(swapped)
 
 
+def _with_added_chunk(
+    topology: Topology,
+    message_bytes: int,
+    best: Candidate,
+    polished: list[Candidate],
+    *,
+    options: SearchOptions,
+    unit_s: float,
+    log: SearchLog,
+) -> Candidate:
+    """``best``, or a faster plan with one chunk more (:func:`.filler.add_any_chunk`) added to
+    it or to a polished few-chunk plan (``polished``: the plans the proven optima grow from),
+    within a forced K. Off in the ablations."""
+    if not (options.climb and options.lp_sizes):
+        return best
+    limit = options.forced_chunks if options.forced_chunks is not None else math.inf
+    bases: list[Candidate] = []
+    for candidate in [best, *polished]:
+        if candidate.makespan_s > best.makespan_s * (1 + POLISH_WINDOW):
+            continue  # further behind than one small chunk has made up
+        if all(candidate.structure.orders != b.structure.orders for b in bases):
+            bases.append(candidate)
+    for base in bases:
+        if base.structure.num_chunks + 1 > limit:
+            continue
+        added = add_any_chunk(topology, message_bytes, base, options=options, unit_s=unit_s, log=log)
+        if added is None:
+            continue
+        log.tried.append(
+            Trial(
+                num_chunks=base.structure.num_chunks + 1,
+                kept_chunks=added.structure.num_chunks,
+                source="added chunk",
+                makespan_s=added.makespan_s,
+            )
+        )
+        if better(best, added):
+            best = added
+    return best
+
+
 def _checked(best: Candidate | None, log: SearchLog) -> Candidate:
     """``best``, or the last LP failure as a :class:`SolverError` if there is none."""
     if best is None:
@@ -886,6 +928,16 @@ def _search_ladder(
             log=log,
         )
         best = _fastest([best, *polished])
+        assert best is not None
+        best = _with_added_chunk(
+            topology,
+            message_bytes,
+            best,
+            [c for c in polished if c is not None],
+            options=options,
+            unit_s=unit_s,
+            log=log,
+        )
     baselines: dict[str, float] = {}
     if options.baseline_seeds:
         best, baselines = improve_with_seeds(
