@@ -234,7 +234,7 @@ class ExactModel:
                     math.inf,
                 )
 
-    def _op_position(self, order: Order, phase: int, dim: int) -> int:
+    def op_position(self, order: Order, phase: int, dim: int) -> int:
         """Where the op (phase, dim) comes in a chunk's chain when it travels in ``order``."""
         num_dims = self.topology.num_dims
         level = order.index(dim)
@@ -253,10 +253,10 @@ class ExactModel:
             head: dict[int, float] = {}
             tail: dict[int, float] = {}
             for p, order in enumerate(self.orders):
-                position = self._op_position(order, op.phase, op.dim)
+                position = self.op_position(order, op.phase, op.dim)
                 for other in range(len(self.phases)):
                     for k in range(num_dims):
-                        at = self._op_position(order, other, k)
+                        at = self.op_position(order, other, k)
                         if at == position:
                             continue
                         side = head if at < position else tail

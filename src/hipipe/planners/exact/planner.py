@@ -218,14 +218,11 @@ def _schedule_from(model: ExactModel, values: np.ndarray) -> Schedule:
     chain_length = len(model.phases) * model.topology.num_dims
     num_dims = model.topology.num_dims
 
-    def step(op_chunk: int, phase: int, dim: int) -> int:
-        level = orders[op_chunk].index(dim)
-        if model.phases[phase].value == "RS":
-            return phase * num_dims + level
-        return phase * num_dims + (num_dims - 1 - level)
-
     op_sequences = [
-        [op.chunk * chain_length + step(op.chunk, op.phase, op.dim) for op in sequences[k]]
+        [
+            op.chunk * chain_length + model.op_position(orders[op.chunk], op.phase, op.dim)
+            for op in sequences[k]
+        ]
         for k in range(num_dims)
     ]
     return simulate_chunks(
