@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from hipipe.bounds import new_highs
 from hipipe.cost import op_time_coefficients
 from hipipe.schedule import Collective, Phase, Schedule
 from hipipe.topology import Topology
@@ -242,6 +243,20 @@ class ExactModel:
             return phase * num_dims + level
         return phase * num_dims + (num_dims - 1 - level)
 
+    def op_sequences(
+        self, orders: list[Order], sequences: dict[int, list[OpKey]]
+    ) -> tuple[tuple[int, ...], ...]:
+        """:meth:`decode`'s per-dim sequences as schedule op indices (chunk-major, chain
+        steps in :meth:`op_position` order): what the simulator and the planners take."""
+        chain_length = len(self.phases) * self.topology.num_dims
+        return tuple(
+            tuple(
+                op.chunk * chain_length + self.op_position(orders[op.chunk], op.phase, op.dim)
+                for op in sequences[k]
+            )
+            for k in range(self.topology.num_dims)
+        )
+
     def _head_tail_rows(self, builder: "RowBuilder", j: int) -> None:
         """Each op starts after its chunk's ops before it in the chain, and the ops after it
         fit before T: per order these are known ops, so the sums are linear in ``y`` and
@@ -398,3 +413,30 @@ class RowBuilder:
 
 def solver_values(solver: Any) -> np.ndarray:
     return np.asarray(solver.getSolution().col_value)
+
+
+def models_overheads(topology: Topology) -> bool:
+    """Whether the model charges everything ``topology``'s cost model does: latency,
+    bandwidth and a per-op cost, but no hand-offs, local reduction or non-linear terms."""
+    overheads = topology.overheads
+    return not overheads.handoff_s and not overheads.memory_bytes_per_s and overheads.is_linear
+
+
+def new_solver(model: ExactModel, settings: dict[str, Any]) -> Any:
+    """A HiGHS instance holding ``model`` (minimize T), with ``settings`` as HiGHS options
+    and a fixed random seed, so the same limits give the same answer on every run."""
+    solver = new_highs()
+    for name, value in {"random_seed": 0, **settings}.items():
+        solver.setOptionValue(name, value)
+    lower, upper, integer = model.column_bounds()
+    cost = np.zeros(model.num_cols)
+    cost[model.makespan_col] = 1.0
+    solver.addCols(
+        model.num_cols, cost, lower, upper, 0, np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0)
+    )
+    solver.changeColsIntegrality(model.num_cols, np.arange(model.num_cols, dtype=np.int32), integer)
+    rows = model.rows()
+    solver.addRows(
+        len(rows.lower), rows.lower, rows.upper, len(rows.index), rows.starts, rows.index, rows.value
+    )
+    return solver

@@ -19,10 +19,10 @@ from typing import Any
 import highspy
 import numpy as np
 
-from hipipe.bounds import best_bound_s, new_highs
+from hipipe.bounds import best_bound_s
 from hipipe.checker import check_or_raise
 from hipipe.errors import HipipeError, SolverError
-from hipipe.planners.exact.model import ExactModel, solver_values
+from hipipe.planners.exact.model import ExactModel, models_overheads, new_solver, solver_values
 from hipipe.planners.hipipe.search import AT_MOST_MAX_CHUNKS
 from hipipe.schedule import Chunk, Collective, Schedule
 from hipipe.simulator import Policy, simulate_chunks
@@ -77,18 +77,26 @@ def plan_exact(
         )
     if not (math.isfinite(time_limit_s) and time_limit_s > 0):
         raise HipipeError(f"the time limit must be a positive number of seconds, got {time_limit_s!r}")
-    overheads = topology.overheads
-    if overheads.handoff_s or overheads.memory_bytes_per_s or not overheads.is_linear:
+    if not models_overheads(topology):
         raise HipipeError(
             "the exact planner models latency, bandwidth and a per-op cost only; this topology also"
-            f" has calibrated overheads ({overheads.describe()})"
+            f" has calibrated overheads ({topology.overheads.describe()})"
         )
     started = time.perf_counter()
     seed_schedules = _seed_schedules(topology, message_bytes, num_chunks, collective, seeds)
     seed_time_s = time.perf_counter() - started
     best_seed = min(seed_schedules, key=lambda s: s.makespan_s)
     model = ExactModel(topology, message_bytes, num_chunks, collective, time_unit_s=best_seed.makespan_s)
-    solver = _build_solver(model, time_limit_s)
+    solver = new_solver(
+        model,
+        {
+            "time_limit": float(time_limit_s),
+            "mip_rel_gap": MIP_RELATIVE_GAP,
+            "mip_abs_gap": MIP_ABSOLUTE_GAP,
+            "mip_feasibility_tolerance": FEASIBILITY_TOLERANCE,
+            "primal_feasibility_tolerance": FEASIBILITY_TOLERANCE,
+        },
+    )
     for seed in sorted(seed_schedules, key=lambda s: -s.makespan_s):
         values = model.values_of(seed)
         if values is not None:
@@ -170,31 +178,6 @@ def _seed_schedules(
     return fitting
 
 
-def _build_solver(model: ExactModel, time_limit_s: float) -> Any:
-    solver = new_highs()
-    for name, value in {
-        "time_limit": float(time_limit_s),
-        "mip_rel_gap": MIP_RELATIVE_GAP,
-        "mip_abs_gap": MIP_ABSOLUTE_GAP,
-        "mip_feasibility_tolerance": FEASIBILITY_TOLERANCE,
-        "primal_feasibility_tolerance": FEASIBILITY_TOLERANCE,
-        "random_seed": 0,
-    }.items():
-        solver.setOptionValue(name, value)
-    lower, upper, integer = model.column_bounds()
-    cost = np.zeros(model.num_cols)
-    cost[model.makespan_col] = 1.0
-    solver.addCols(
-        model.num_cols, cost, lower, upper, 0, np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0)
-    )
-    solver.changeColsIntegrality(model.num_cols, np.arange(model.num_cols, dtype=np.int32), integer)
-    rows = model.rows()
-    solver.addRows(
-        len(rows.lower), rows.lower, rows.upper, len(rows.index), rows.starts, rows.index, rows.value
-    )
-    return solver
-
-
 def _as_exact(seed: Schedule) -> Schedule:
     """A seed's chunks and sequences, re-timed and labelled as the exact planner's answer."""
     return simulate_chunks(
@@ -215,22 +198,12 @@ def _schedule_from(model: ExactModel, values: np.ndarray) -> Schedule:
         Chunk(index=j, size_bytes=sizes[j], order=tuple((k,) for k in order))
         for j, order in enumerate(orders)
     ]
-    chain_length = len(model.phases) * model.topology.num_dims
-    num_dims = model.topology.num_dims
-
-    op_sequences = [
-        [
-            op.chunk * chain_length + model.op_position(orders[op.chunk], op.phase, op.dim)
-            for op in sequences[k]
-        ]
-        for k in range(num_dims)
-    ]
     return simulate_chunks(
         model.topology,
         model.message_bytes,
         chunks,
         policy=Policy.FIXED,
-        sequences=op_sequences,
+        sequences=model.op_sequences(orders, sequences),
         planner="exact",
         collective=model.collective,
     )

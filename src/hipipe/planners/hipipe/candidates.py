@@ -153,6 +153,10 @@ class SearchLog:
     consecutive Ks are often the same plan, and a MIP costs a few hundred milliseconds."""
     sequence_mip_nodes: dict[tuple[object, ...], int] = field(default_factory=dict)
     """Branch-and-bound nodes each of those solves took (the deeper solves share a budget)."""
+    free_tails: dict[tuple[object, ...], Candidate] = field(default_factory=dict)
+    """What :func:`.tail_mip.free_tails` made of a plan, by the plan's orders, sequences and
+    sizes: the polished plans of consecutive Ks are often the same plan, and its MIP costs
+    up to seconds."""
     proven_orders: set[tuple[Order, ...]] = field(default_factory=set)
     """Order multisets (sorted) whose sequence MIP proved its answer optimal for them: no
     deeper MIP of theirs can find more (:func:`.sequence_mip.substitute_orders`)."""

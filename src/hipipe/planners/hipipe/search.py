@@ -12,7 +12,8 @@ swapped (warm LP re-solves) and per-dim sequences nested (:mod:`.local_search`).
 K <= AT_MOST_MAX_CHUNKS is run in a log of its own, with the previous K's best plus a
 filler chunk (:mod:`.filler`), and *settled* exactly as a forced K is (:func:`_settle`),
 then *polished* (:func:`_polished`: every order multiset where few enough,
-:mod:`.enumeration`, and per-dim sequences re-solved by a small MIP, :mod:`.sequence_mip`):
+:mod:`.enumeration`, per-dim sequences re-solved by a small MIP, :mod:`.sequence_mip`, and
+last every chunk's order below its first dim by the exact MIP, :mod:`.tail_mip`):
 the search is never worse than those forced Ks, and a forced K <= AT_MOST_MAX_CHUNKS means
 "at most K chunks". Unless K is forced, the best plan's chunks are then split while that
 helps (:mod:`.splitting`: the ramp that Ks built from scratch cannot have), and a split
@@ -60,6 +61,7 @@ from hipipe.planners.hipipe.sequence_mip import (
     substitute_orders,
 )
 from hipipe.planners.hipipe.splitting import refine_by_splitting
+from hipipe.planners.hipipe.tail_mip import free_tails
 from hipipe.topology import Topology
 
 FULL_ROUNDS_MAX_CHUNKS = 16
@@ -553,6 +555,31 @@ MIP costs 0.01-0.5 s."""
 
 
 def _polished(
+    topology: Topology,
+    message_bytes: int,
+    best: Candidate | None,
+    max_chunks: int,
+    *,
+    fewer: Candidate | None = None,
+    options: SearchOptions,
+    unit_s: float,
+    log: SearchLog,
+) -> Candidate | None:
+    """:func:`_reordered`, then every chunk's order below its first dim by the exact MIP
+    (:func:`.tail_mip.free_tails`), unless the plan is at its K's latency floor: the
+    reordering moves one chunk's order per step, and each step is judged alone."""
+    reordered = _reordered(
+        topology, message_bytes, best, max_chunks, fewer=fewer, options=options, unit_s=unit_s, log=log
+    )
+    if reordered is None or reordered.structure.num_chunks > max_chunks:
+        return reordered
+    floor_s = log.floor_s(topology, message_bytes, reordered.structure.num_chunks, options.collective)
+    if reordered.makespan_s <= floor_s * (1 + NEAR_FLOOR):
+        return reordered
+    return free_tails(topology, message_bytes, reordered, options=options, unit_s=unit_s, log=log)
+
+
+def _reordered(
     topology: Topology,
     message_bytes: int,
     best: Candidate | None,
