@@ -61,6 +61,7 @@ from hipipe.planners.hipipe.sequence_mip import (
     substitute_orders,
 )
 from hipipe.planners.hipipe.splitting import refine_by_splitting
+from hipipe.planners.hipipe.tail_mip import applies as tails_apply
 from hipipe.planners.hipipe.tail_mip import free_tails
 from hipipe.topology import Topology
 
@@ -573,6 +574,8 @@ def _polished(
     )
     if reordered is None or reordered.structure.num_chunks > max_chunks:
         return reordered
+    if not tails_apply(topology, reordered.structure.num_chunks, options):
+        return reordered  # no floor LP for a step that would not run
     floor_s = log.floor_s(topology, message_bytes, reordered.structure.num_chunks, options.collective)
     if reordered.makespan_s <= floor_s * (1 + NEAR_FLOOR):
         return reordered
