@@ -13,7 +13,7 @@ from hipipe.cli.common import (
 from hipipe.errors import HipipeError
 from hipipe.files import atomic_write_text
 from hipipe.planners import PLANNERS, REFERENCE_PLANNERS, plan
-from hipipe.planners.exact import DEFAULT_TIME_LIMIT_S, plan_exact
+from hipipe.planners.exact import DEFAULT_TIME_LIMIT_S, METHODS, plan_exact
 from hipipe.report.explain import explain
 from hipipe.report.gantt import write_gantt
 from hipipe.report.table import schedule_summary
@@ -42,6 +42,14 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
         f" with its gap (default: {DEFAULT_TIME_LIMIT_S:g}); the seed planners run before it"
         " (info: seed_time_s)",
     )
+    parser.add_argument(
+        "--method",
+        choices=METHODS,
+        default=None,
+        help="exact planner only: one MIP (whole), one per multiset of the chunks' first dims"
+        " (first-dims: proves K = 5 on 4 dims where the whole MIP stalls), or auto (default:"
+        " first-dims from 5 chunks on 3+ dims)",
+    )
     parser.add_argument("--json", metavar="FILE", help="write the schedule as JSON ('-' for stdout)")
     parser.add_argument("--gantt", metavar="FILE.png", help="write a Gantt chart of the schedule")
     parser.add_argument("--explain", action="store_true", help="print what the planner decided and why")
@@ -61,10 +69,17 @@ def run(args: argparse.Namespace) -> int:
             )
         time_limit_s = DEFAULT_TIME_LIMIT_S if args.time_limit is None else args.time_limit
         schedule = plan_exact(
-            topology, size_bytes, num_chunks=args.chunks, collective=collective, time_limit_s=time_limit_s
+            topology,
+            size_bytes,
+            num_chunks=args.chunks,
+            collective=collective,
+            time_limit_s=time_limit_s,
+            method=args.method or "auto",
         )
     elif args.time_limit is not None:
         raise HipipeError("--time-limit applies to --planner exact only")
+    elif args.method is not None:
+        raise HipipeError("--method applies to --planner exact only")
     else:
         schedule = plan(topology, size_bytes, args.planner, num_chunks=args.chunks, collective=collective)
     if args.json == "-":
