@@ -55,8 +55,9 @@ DEEPER_BOUND_CHUNKS = tuple(range(max(CHUNK_COUNTS) + 1, MAX_CHUNKS + 1))
 chunks is already too low for that floor to meet the goal, and stopped once the goal is met.
 On hgx-h100-32 at 256 MiB (ReduceScatter) it proves K = 5 in 1 s, and the floor rises from
 0.6378 ms (K <= 4) to 0.6498 ms (K <= 5), with hipipe's 0.6746 ms 3.8% above it. From K = 5 on
-3-4 dims the exact planner solves one MIP per multiset of first dims, which takes minutes
-where the whole MIP would stall at a 20-25% gap: hence a limit of its own."""
+3-4 dims the exact planner solves one MIP per multiset of first dims, which takes a minute or
+two where the whole MIP would stall at a 20-25% gap (libra-4d at 256 MiB, ReduceScatter and
+AllGather, K = 5: proven in 95 and 67 s): hence a limit of its own."""
 DEEPER_TIME_LIMIT_S = 300.0
 MISSED_STRUCTURE = 1e-3
 """Cells where exact beats hipipe by more than this get their structures printed."""
