@@ -6,8 +6,10 @@ baseline, and ``hipipe`` when it plans the collective): the best of them bounds 
 makespan, which is both the time unit and the big-M, and HiGHS only has to improve on
 it. After the solve, the simulator re-times the MIP's orders, sizes and sequences
 (``fixed`` policy) and must agree with the MIP's makespan, and the checker must prove the
-schedule. ``info`` records whether optimality was proven, the final gap, and how the time
-went: the seed planners first (``seed_time_s``), then the MIP, whose time the limit bounds.
+schedule. From 5 chunks on 3-4 dims the MIP is split into one per multiset of the chunks'
+first dims (:mod:`.first_dims`). ``info`` records whether optimality was proven, the final
+gap, and how the time went: the seed planners first (``seed_time_s``), then the MIP, whose
+time the limit bounds.
 """
 
 import math
@@ -41,8 +43,10 @@ on 3 or more dims, whole otherwise."""
 SPLIT_FROM_CHUNKS = 5
 """From here on the whole MIP's dual bound stalls at the pipeline bound on 3-4 dims
 (libra-4d 256 MiB ReduceScatter, K = 5: 24.6% gap after 48 s), while the first-dim MIPs
-prove the same instance in 80 s. At K <= 4 the whole MIP proves every reference
-instance within 35 s and stays the default."""
+prove the same instance in 80-100 s. At K <= 4 the whole MIP proves every reference
+ReduceScatter and AllGather instance within the optimality benchmark's 40 s and stays the
+default (its AllReduce on libra-4d at 256 MiB, K = 4, is the exception: 24.7% gap after 56 s
+whole, proven in 177 s split; ``method="first-dims"`` asks for it)."""
 MIP_RELATIVE_GAP = 1e-6
 """Stop once the incumbent is proven within this of the optimum (HiGHS' default is 1e-4)."""
 MIP_ABSOLUTE_GAP = 1e-9
@@ -155,7 +159,8 @@ class _Solved:
     """One method's answer, in the model's time units (the best seed's makespan is 1)."""
 
     values: np.ndarray | None
-    """A MIP solution (None: nothing found, not even a start HiGHS accepted)."""
+    """A MIP solution (None: the whole MIP found nothing, not even a start it accepted; the
+    first-dim MIPs found nothing below the best seed)."""
     proven: bool
     status: str
     gap: float
@@ -177,7 +182,8 @@ def _settings() -> dict[str, Any]:
 def _solve_whole(
     model: ExactModel, seeds: Sequence[Schedule], best_seed: Schedule, *, time_limit_s: float, bound_s: float
 ) -> _Solved:
-    """One MIP over every order, sequence and size, started from every seed that fits."""
+    """One MIP over every order, sequence and size, started from every seed that fits
+    (``bound_s`` is unused: HiGHS' own dual bound is reported)."""
     solver = new_solver(model, {**_settings(), "time_limit": float(time_limit_s)})
     for seed in sorted(seeds, key=lambda s: -s.makespan_s):
         values = model.values_of(seed)
@@ -200,7 +206,8 @@ def _solve_whole(
 def _solve_by_first_dims(
     model: ExactModel, seeds: Sequence[Schedule], best_seed: Schedule, *, time_limit_s: float, bound_s: float
 ) -> _Solved:
-    """One MIP per multiset of first dims, each cut off at the best makespan so far."""
+    """One MIP per multiset of first dims, each cut off at the best makespan so far (the
+    seeds only set that cutoff: a start above it would be no use to a MIP)."""
     split = solve_by_first_dims(
         model,
         _settings(),
