@@ -26,7 +26,7 @@ from typing import Any
 import highspy
 import numpy as np
 
-from hipipe.planners.exact.model import ExactModel, new_solver, solver_values
+from hipipe.planners.exact.model import ExactModel, hold_first_dims, new_solver, solver_values
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -87,10 +87,7 @@ def solve_by_first_dims(
         solver = new_solver(
             model, {**settings, "time_limit": remaining_s, "objective_bound": best * (1.0 - relative_gap)}
         )
-        for j, first in enumerate(multiset):
-            for p, order in enumerate(model.orders):
-                if order[0] != first:
-                    solver.changeColBounds(model.y(j, p), 0.0, 0.0)
+        hold_first_dims(solver, model, multiset)
         solver.run()
         status = solver.getModelStatus()
         info = solver.getInfo()

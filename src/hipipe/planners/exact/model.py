@@ -32,6 +32,7 @@ first, sorted by order index, then by decreasing size within an order.
 
 import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -440,3 +441,12 @@ def new_solver(model: ExactModel, settings: dict[str, Any]) -> Any:
         len(rows.lower), rows.lower, rows.upper, len(rows.index), rows.starts, rows.index, rows.value
     )
     return solver
+
+
+def hold_first_dims(solver: Any, model: ExactModel, first_dims: Sequence[int]) -> None:
+    """Hold chunk j of ``solver``'s model to orders starting on ``first_dims[j]`` (sorted, as
+    the model's symmetry rows order chunks by order index)."""
+    for j, first in enumerate(first_dims):
+        for p, order in enumerate(model.orders):
+            if order[0] != first:
+                solver.changeColBounds(model.y(j, p), 0.0, 0.0)

@@ -17,7 +17,13 @@ moves the makespan down), so the candidate is timed by the planner's own cost mo
 
 import numpy as np
 
-from hipipe.planners.exact.model import ExactModel, models_overheads, new_solver, solver_values
+from hipipe.planners.exact.model import (
+    ExactModel,
+    hold_first_dims,
+    models_overheads,
+    new_solver,
+    solver_values,
+)
 from hipipe.planners.hipipe.candidates import (
     IMPROVEMENT,
     Candidate,
@@ -115,11 +121,7 @@ def _solved(
     solver = new_solver(model, SOLVER_SETTINGS)
     # The model orders chunks by order index, so by first dim: chunk j keeps the j-th
     # smallest of the plan's first dims.
-    first_dims = sorted(order[0] for order in best.structure.orders)
-    for j, first in enumerate(first_dims):
-        for p, order in enumerate(model.orders):
-            if order[0] != first:
-                solver.changeColBounds(model.y(j, p), 0.0, 0.0)
+    hold_first_dims(solver, model, sorted(order[0] for order in best.structure.orders))
     solver.setSolution(model.num_cols, np.arange(model.num_cols, dtype=np.int32), values)
     solver.run()
     if int(solver.getInfo().primal_solution_status) == 0:
