@@ -16,6 +16,7 @@ import hipipe.planners.hipipe.sequence_mip as sequence_mip
 import hipipe.planners.hipipe.tail_mip as tail_mip
 from hipipe import Dimension, Topology, plan
 from hipipe.bounds import order_mix
+from hipipe.checker import check
 from hipipe.planners.exact import plan_exact
 from hipipe.planners.hipipe.candidates import (
     SearchLog,
@@ -25,13 +26,14 @@ from hipipe.planners.hipipe.candidates import (
     time_unit_s,
 )
 from hipipe.planners.hipipe.enumeration import distinct_first_assignments, screened_order
+from hipipe.planners.hipipe.filler import add_any_chunk
 from hipipe.planners.hipipe.local_search import nested_descent, nested_descent_timed, swap_critical_pairs
 from hipipe.planners.hipipe.sequence_mip import best_sequences, order_neighbours, reshaped_neighbours
 from hipipe.planners.hipipe.sequencing import Rule, list_schedule, longest_path_s, mirrored_list_schedule
-from hipipe.planners.hipipe.structure import op_table
+from hipipe.planners.hipipe.structure import op_table, to_chunks
 from hipipe.presets import PRESETS
 from hipipe.schedule import Collective
-from hipipe.simulator import simulate
+from hipipe.simulator import Policy, simulate, simulate_chunks
 
 GIB = 1024**3
 
@@ -918,3 +920,68 @@ def test_the_deeper_mips_cover_neighbours_whose_mip_ran_before_the_rounds(monkey
     monkeypatch.setattr(sequence_mip, "DEEP_MAX_DIMS", 1)
     shallow = plan(topology, TRIED_EARLIER_MESSAGE, "hipipe", num_chunks=4)
     assert shallow.makespan_s > TRIED_EARLIER_OPTIMUM_S * 1.008
+
+
+# libra-4d at 256 MiB, AllReduce: the search's 4-chunk plan (1.6444 ms), and the exact planner's
+# best 5-chunk schedule (`hipipe plan libra-4d --size 256MiB --planner exact --chunks 5
+# --time-limit 320`: 1.608077 ms, not proven) where the search had 1.6267 ms with 5 chunks.
+LIBRA_4D_FOUR_CHUNK_ORDERS = ((0, 1, 2, 3), (0, 1, 2, 3), (0, 1, 2, 3), (1, 2, 3, 0))
+LIBRA_4D_FOUR_CHUNK_SEQUENCES = (
+    (0, 8, 27, 28, 16, 7, 15, 23),
+    (24, 1, 9, 6, 17, 14, 22, 31),
+    (25, 2, 10, 5, 18, 13, 21, 30),
+    (26, 3, 4, 11, 12, 19, 20, 29),
+)
+LIBRA_4D_EXACT_FIVE_CHUNKS_S = 1.608077e-3
+
+
+def _libra_4d_four_chunk_plan():
+    topology = PRESETS["libra-4d"]()
+    message = 256 * 1024**2
+    options = SearchOptions()
+    unit_s = time_unit_s(topology, message, order_mix(topology), Collective.ALL_REDUCE)
+    log = SearchLog()
+    log.allow(100.0)
+    base = _resized(
+        topology, message, LIBRA_4D_FOUR_CHUNK_ORDERS, LIBRA_4D_FOUR_CHUNK_SEQUENCES, options, unit_s, log
+    )
+    return topology, message, base, options, unit_s, log
+
+
+@pytest.mark.slow
+def test_a_chunk_started_on_an_idle_dim_reaches_the_exact_five_chunk_schedule():
+    """The chunk list-scheduled onto the plan is slower than the plan; sequenced by MIP and
+    followed by its order substitutions, it reaches the exact planner's schedule."""
+    topology, message, base, options, unit_s, log = _libra_4d_four_chunk_plan()
+    assert base.makespan_s == pytest.approx(1.6443744e-3, rel=1e-6)
+    listed = add_any_chunk(topology, message, base, options=options, unit_s=unit_s, log=log)
+    assert listed is None  # no order of a fifth chunk, list-scheduled, beats the plan
+    grown = sequence_mip.add_idle_start_chunk(
+        topology, message, base, incumbent=base, options=options, unit_s=unit_s, log=log
+    )
+    assert grown is not None and grown.structure.num_chunks == 5
+    assert grown.makespan_s <= LIBRA_4D_EXACT_FIVE_CHUNKS_S * (1 + 1e-6)
+    starts = sorted(order[0] for order in grown.structure.orders)
+    assert starts == [0, 0, 0, 1, 3]  # the new chunk starts on the switch, where none did
+    schedule = simulate_chunks(
+        topology,
+        message,
+        to_chunks(grown.structure.orders, grown.sizes_bytes),
+        policy=Policy.FIXED,
+        sequences=grown.structure.sequences,
+    )
+    assert schedule.makespan_s == pytest.approx(grown.makespan_s, rel=1e-9)
+    assert check(schedule).ok
+
+
+def test_no_idle_start_chunk_where_every_dim_has_a_first_chunk():
+    topology, message, base, options, unit_s, log = _libra_4d_four_chunk_plan()
+    rotations = ((0, 1, 2, 3), (1, 2, 3, 0), (2, 3, 0, 1), (3, 0, 1, 2))
+    every_dim = candidate_for(topology, message, "test", rotations, options=options, unit_s=unit_s, log=log)
+    assert sorted(order[0] for order in every_dim.structure.orders) == [0, 1, 2, 3]
+    tried = len(log.tried)
+    grown = sequence_mip.add_idle_start_chunk(
+        topology, message, every_dim, incumbent=base, options=options, unit_s=unit_s, log=log
+    )
+    assert grown is None
+    assert not log.sequence_mips and len(log.tried) == tried  # nothing was solved or tried

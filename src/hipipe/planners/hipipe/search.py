@@ -19,7 +19,9 @@ the search is never worse than those forced Ks, and a forced K <= AT_MOST_MAX_CH
 helps (:mod:`.splitting`: the ramp that Ks built from scratch cannot have), and a split
 plan's binding pairs are swapped again; the polish comes after the splits, so that its LPs
 do not eat into their budget. The best plan and the polished few-chunk plans near it then
-get one chunk more in every order, built from scratch (:func:`_with_added_chunk`).
+get one chunk more in every order, built from scratch (:func:`_with_added_chunk`), and a
+4-chunk one a chunk starting on a dim where none starts, sequenced by MIP
+(:func:`.sequence_mip.add_idle_start_chunk`).
 Last, the baselines' own structures are re-sized where they would still win
 (:mod:`.seeds`), so the result is never worse than a baseline.
 """
@@ -51,6 +53,7 @@ from hipipe.planners.hipipe.local_search import NEAR_FLOOR, climb_orders, nested
 from hipipe.planners.hipipe.seeds import baseline_seeds, improve_with_seeds
 from hipipe.planners.hipipe.sequence_mip import MAX_DIMS as POLISH_MAX_DIMS
 from hipipe.planners.hipipe.sequence_mip import (
+    add_idle_start_chunk,
     every_multiset,
     exhausts_multisets,
     extended_pairs,
@@ -750,7 +753,9 @@ def _with_added_chunk(
 ) -> Candidate:
     """``best``, or a faster plan with one chunk more (:func:`.filler.add_any_chunk`) added to
     it or to a polished few-chunk plan (``polished``: the plans the proven optima grow from),
-    within a forced K. Off in the ablations."""
+    within a forced K; then, for those of AT_MOST_MAX_CHUNKS chunks (the first K past the
+    polish), one chunk more on a dim where no chunk starts, sequenced by MIP
+    (:func:`.sequence_mip.add_idle_start_chunk`). Off in the ablations."""
     if not (options.climb and options.lp_sizes):
         return best
     limit = options.forced_chunks if options.forced_chunks is not None else math.inf
@@ -776,6 +781,17 @@ def _with_added_chunk(
         )
         if better(best, added):
             best = added
+    for base in bases:
+        if base.structure.num_chunks != AT_MOST_MAX_CHUNKS or base.structure.num_chunks + 1 > limit:
+            continue
+        floor_s = log.floor_s(topology, message_bytes, base.structure.num_chunks + 1, options.collective)
+        if best.makespan_s <= floor_s * (1 + NEAR_FLOOR):
+            continue
+        idle_start = add_idle_start_chunk(
+            topology, message_bytes, base, incumbent=best, options=options, unit_s=unit_s, log=log
+        )
+        if idle_start is not None and better(best, idle_start):
+            best = idle_start
     return best
 
 
