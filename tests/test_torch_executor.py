@@ -11,6 +11,7 @@ import itertools
 import math
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,23 +73,50 @@ def itemsize(dtype: str) -> int:
     return {"int64": 8, "float32": 4, "bfloat16": 2}[dtype]
 
 
-def build_cases(topology_spec: str) -> list[Case]:
+def build_cases(topology_spec: str, *, planned: bool = True) -> list[Case]:
+    """Every case on one topology. ``planned=False`` names them without planning (their
+    ``schedule_json`` is empty): collection needs the names only, and it runs in every
+    pytest process, xdist workers included, so planning there cost each one a minute."""
     topology = load_topology(topology_spec)
+
+    def schedule_json(make: Callable[..., Schedule], *args: Any, **kwargs: Any) -> str:
+        return make(*args, **kwargs).to_json() if planned else ""
+
     cases = []
     if topology.num_npus > 8:
         for planner in PLANNERS:
-            schedule = plan(topology, 40003 * 8, planner)
-            cases.append(Case(name=f"{planner}-int64", schedule_json=schedule.to_json(), dtype="int64"))
-        schedule = random_schedule(topology_spec, 40003 * 8, 0)
-        cases.append(Case(name="random0-int64", schedule_json=schedule.to_json(), dtype="int64"))
+            cases.append(
+                Case(
+                    name=f"{planner}-int64",
+                    schedule_json=schedule_json(plan, topology, 40003 * 8, planner),
+                    dtype="int64",
+                )
+            )
+        cases.append(
+            Case(
+                name="random0-int64",
+                schedule_json=schedule_json(random_schedule, topology_spec, 40003 * 8, 0),
+                dtype="int64",
+            )
+        )
         return cases
     for planner in PLANNERS:
         for dtype, numel in DTYPE_LENGTHS:
-            schedule = plan(topology, numel * itemsize(dtype), planner)
-            cases.append(Case(name=f"{planner}-{dtype}", schedule_json=schedule.to_json(), dtype=dtype))
+            cases.append(
+                Case(
+                    name=f"{planner}-{dtype}",
+                    schedule_json=schedule_json(plan, topology, numel * itemsize(dtype), planner),
+                    dtype=dtype,
+                )
+            )
     for seed in range(3):
-        schedule = random_schedule(topology_spec, 40003 * 8, seed)
-        cases.append(Case(name=f"random{seed}-int64", schedule_json=schedule.to_json(), dtype="int64"))
+        cases.append(
+            Case(
+                name=f"random{seed}-int64",
+                schedule_json=schedule_json(random_schedule, topology_spec, 40003 * 8, seed),
+                dtype="int64",
+            )
+        )
     if topology.num_dims == 3:  # ops over groups of dims mixed with single dims
         orders = [((0, 1), (2,)), ((2,), (0, 1)), ((1,), (0, 2)), ((0, 1, 2),)]
         sizes = [0.4, 0.1, 0.3, 0.2]
@@ -96,47 +124,43 @@ def build_cases(topology_spec: str) -> list[Case]:
             Chunk(index=j, size_bytes=40003 * 8 * size, order=order)
             for j, (size, order) in enumerate(zip(sizes, orders, strict=True))
         ]
-        grouped = simulate_chunks(topology, 40003 * 8, chunks, planner="grouped")
-        cases.append(Case(name="grouped-dims-int64", schedule_json=grouped.to_json(), dtype="int64"))
-    ring_schedule = plan(topology, 40003 * 8, "ring")
+        grouped = schedule_json(simulate_chunks, topology, 40003 * 8, chunks, planner="grouped")
+        cases.append(Case(name="grouped-dims-int64", schedule_json=grouped, dtype="int64"))
+    ring_schedule = schedule_json(plan, topology, 40003 * 8, "ring")
     cases.append(
         Case(
             name="ring-given-group-int64",
-            schedule_json=ring_schedule.to_json(),
+            schedule_json=ring_schedule,
             dtype="int64",
             flat_group=True,
         )
     )
-    tiny = plan(topology, 5 * 8, "pipelined")  # 5 elements, 64 chunks: most chunks and parts empty
-    cases.append(Case(name="tiny-int64", schedule_json=tiny.to_json(), dtype="int64"))
-    floats = plan(topology, 10007 * 4, "themis", num_chunks=4)
+    tiny = schedule_json(
+        plan, topology, 5 * 8, "pipelined"
+    )  # 5 elements, 64 chunks: most chunks and parts empty
+    cases.append(Case(name="tiny-int64", schedule_json=tiny, dtype="int64"))
+    floats = schedule_json(plan, topology, 10007 * 4, "themis", num_chunks=4)
     for op in ("avg", "min", "max"):
-        cases.append(
-            Case(name=f"themis4-float32-{op}", schedule_json=floats.to_json(), dtype="float32", op=op)
-        )
-    mesh_schedule = random_schedule(topology_spec, 40003 * 8, 7)
-    cases.append(
-        Case(name="mesh-int64", schedule_json=mesh_schedule.to_json(), dtype="int64", mesh="standard")
-    )
+        cases.append(Case(name=f"themis4-float32-{op}", schedule_json=floats, dtype="float32", op=op))
+    mesh_schedule = schedule_json(random_schedule, topology_spec, 40003 * 8, 7)
+    cases.append(Case(name="mesh-int64", schedule_json=mesh_schedule, dtype="int64", mesh="standard"))
     for collectives in ("ring", "native"):
         cases.append(
             Case(
                 name=f"mesh-permuted-{collectives}-int64",
-                schedule_json=mesh_schedule.to_json(),
+                schedule_json=mesh_schedule,
                 dtype="int64",
                 mesh="permuted",
                 collectives=collectives,
             )
         )
-    cases.append(Case(name="trace-int64", schedule_json=mesh_schedule.to_json(), dtype="int64", trace=True))
+    cases.append(Case(name="trace-int64", schedule_json=mesh_schedule, dtype="int64", trace=True))
     # The backend's own collectives (what NCCL uses), padded to equal parts; Gloo runs them too.
-    cases.append(
-        Case(name="native-int64", schedule_json=mesh_schedule.to_json(), dtype="int64", collectives="native")
-    )
+    cases.append(Case(name="native-int64", schedule_json=mesh_schedule, dtype="int64", collectives="native"))
     cases.append(
         Case(
             name="native-float32-max",
-            schedule_json=floats.to_json(),
+            schedule_json=floats,
             dtype="float32",
             op="max",
             collectives="native",
@@ -246,9 +270,11 @@ def jobs() -> dict[str, Any]:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """Cases are planned at collection, not at import: worker processes import this module too."""
+    """Cases are named at collection and planned by the job that runs them."""
     if "case" in metafunc.fixturenames:
-        pairs = [(shape, c.name) for shape, spec in TOPOLOGIES.items() for c in build_cases(spec)]
+        pairs = [
+            (shape, c.name) for shape, spec in TOPOLOGIES.items() for c in build_cases(spec, planned=False)
+        ]
         metafunc.parametrize(("shape", "case"), pairs)
 
 

@@ -14,6 +14,7 @@ all, and no more. Misuse is refused in one line on every rank.
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,62 +84,69 @@ def random_schedule(spec: str, message_bytes: int, seed: int, collective: Collec
     return simulate_chunks(topology, message_bytes, chunks, planner=f"random-{seed}", collective=collective)
 
 
-def build_cases(spec: str) -> list[Case]:
+def build_cases(spec: str, *, planned: bool = True) -> list[Case]:
+    """Every case on one topology. ``planned=False`` names them without planning (their
+    ``schedule_json`` is empty): collection needs the names only, and it runs in every
+    pytest process, xdist workers included."""
     topology = load_topology(spec)
+
+    def schedule_json(make: Callable[..., Schedule], *args: Any, **kwargs: Any) -> str:
+        return make(*args, **kwargs).to_json() if planned else ""
+
     n = topology.num_npus
     cases = []
     for kind in KINDS:
         tag = "rs" if kind is Collective.REDUCE_SCATTER else "ag"
         for planner in planners_for(kind, topology):
             for dtype, shard in SHARD_NUMEL.items():
-                schedule = plan(topology, n * shard * ITEMSIZE[dtype], planner, collective=kind)
-                cases.append(
-                    Case(name=f"{tag}-{planner}-{dtype}", schedule_json=schedule.to_json(), dtype=dtype)
+                schedule = schedule_json(
+                    plan, topology, n * shard * ITEMSIZE[dtype], planner, collective=kind
                 )
+                cases.append(Case(name=f"{tag}-{planner}-{dtype}", schedule_json=schedule, dtype=dtype))
         for seed in range(3):
-            schedule = random_schedule(spec, n * 5001 * 8, seed, kind)
-            cases.append(
-                Case(name=f"{tag}-random{seed}-int64", schedule_json=schedule.to_json(), dtype="int64")
-            )
+            schedule = schedule_json(random_schedule, spec, n * 5001 * 8, seed, kind)
+            cases.append(Case(name=f"{tag}-random{seed}-int64", schedule_json=schedule, dtype="int64"))
         if topology.num_dims == 3:  # multi-dim groups beside single dims
             orders = [((0, 1), (2,)), ((2,), (0, 1)), ((1,), (0, 2)), ((0, 1, 2),)]
             chunks = [
                 Chunk(index=j, size_bytes=n * 5001 * 8 * share, order=order)
                 for j, (share, order) in enumerate(zip((0.4, 0.1, 0.3, 0.2), orders, strict=True))
             ]
-            grouped = simulate_chunks(topology, n * 5001 * 8, chunks, planner="grouped", collective=kind)
-            cases.append(Case(name=f"{tag}-grouped-int64", schedule_json=grouped.to_json(), dtype="int64"))
-        tiny = plan(topology, n * 3 * 8, "pipelined", collective=kind)  # 3 elements a shard, 64 chunks
-        cases.append(Case(name=f"{tag}-tiny-int64", schedule_json=tiny.to_json(), dtype="int64"))
-        mesh = random_schedule(spec, n * 5001 * 8, 7, kind)
-        cases.append(Case(name=f"{tag}-mesh-int64", schedule_json=mesh.to_json(), dtype="int64", mesh=True))
-        themis5 = plan(topology, n * 5001 * 8, "themis", num_chunks=5, collective=kind)
-        cases.append(Case(name=f"{tag}-themis5-int64", schedule_json=themis5.to_json(), dtype="int64"))
+            grouped = schedule_json(
+                simulate_chunks, topology, n * 5001 * 8, chunks, planner="grouped", collective=kind
+            )
+            cases.append(Case(name=f"{tag}-grouped-int64", schedule_json=grouped, dtype="int64"))
+        tiny = schedule_json(
+            plan, topology, n * 3 * 8, "pipelined", collective=kind
+        )  # 3 elements a shard, 64 chunks
+        cases.append(Case(name=f"{tag}-tiny-int64", schedule_json=tiny, dtype="int64"))
+        mesh = schedule_json(random_schedule, spec, n * 5001 * 8, 7, kind)
+        cases.append(Case(name=f"{tag}-mesh-int64", schedule_json=mesh, dtype="int64", mesh=True))
+        themis5 = schedule_json(plan, topology, n * 5001 * 8, "themis", num_chunks=5, collective=kind)
+        cases.append(Case(name=f"{tag}-themis5-int64", schedule_json=themis5, dtype="int64"))
     # The single-issuer path NCCL gets, run serially on Gloo: the three collectives, random
     # chunkings (grouped dims too on 3 dims), bit-exact like the threaded path.
     for kind in Collective:
         tag = {Collective.ALL_REDUCE: "ar", Collective.REDUCE_SCATTER: "rs", Collective.ALL_GATHER: "ag"}[
             kind
         ]
-        ordered = random_schedule(spec, n * 5001 * 8, 3, kind)
-        cases.append(
-            Case(name=f"{tag}-ordered-int64", schedule_json=ordered.to_json(), dtype="int64", issue="ordered")
-        )
+        ordered = schedule_json(random_schedule, spec, n * 5001 * 8, 3, kind)
+        cases.append(Case(name=f"{tag}-ordered-int64", schedule_json=ordered, dtype="int64", issue="ordered"))
         if topology.num_dims == 3:
-            grouped = plan(topology, n * 5001 * 8, "ring", collective=kind)
+            grouped = schedule_json(plan, topology, n * 5001 * 8, "ring", collective=kind)
             cases.append(
                 Case(
                     name=f"{tag}-ordered-ring-int64",
-                    schedule_json=grouped.to_json(),
+                    schedule_json=grouped,
                     dtype="int64",
                     issue="ordered",
                 )
             )
-    floats = plan(topology, n * 1251 * 4, "themis", num_chunks=4, collective=Collective.REDUCE_SCATTER)
+    floats = schedule_json(
+        plan, topology, n * 1251 * 4, "themis", num_chunks=4, collective=Collective.REDUCE_SCATTER
+    )
     for op in ("avg", "min", "max"):
-        cases.append(
-            Case(name=f"rs-themis4-float32-{op}", schedule_json=floats.to_json(), dtype="float32", op=op)
-        )
+        cases.append(Case(name=f"rs-themis4-float32-{op}", schedule_json=floats, dtype="float32", op=op))
     return cases
 
 
@@ -340,9 +348,11 @@ def jobs() -> dict[str, Any]:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """Cases are planned at collection, not at import: worker processes import this module too."""
+    """Cases are named at collection and planned by the job that runs them."""
     if "case" in metafunc.fixturenames:
-        pairs = [(shape, c.name) for shape, spec in TOPOLOGIES.items() for c in build_cases(spec)]
+        pairs = [
+            (shape, c.name) for shape, spec in TOPOLOGIES.items() for c in build_cases(spec, planned=False)
+        ]
         pairs += [(shape, MISUSE) for shape in TOPOLOGIES]
         metafunc.parametrize(("shape", "case"), pairs)
 
