@@ -34,9 +34,10 @@ typecheck: $(VENV)/.full
 
 # In-process tests on 2 workers; the multi-process ones (`slow`: 8 ranks on the host's
 # cores, testbeds, torchrun) one at a time, since each already keeps every core busy.
+# Each run lists its slowest tests, to keep `make test` near its time budget.
 pytest: $(VENV)/.full
-	$(PY) -m pytest -q -m "not slow" -n 2
-	$(PY) -m pytest -q -m slow
+	$(PY) -m pytest -q -m "not slow" -n 2 --durations=15
+	$(PY) -m pytest -q -m slow --durations=15
 
 test: lint typecheck pytest
 
