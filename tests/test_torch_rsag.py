@@ -99,13 +99,13 @@ def build_cases(spec: str, *, planned: bool = True) -> list[Case]:
         tag = "rs" if kind is Collective.REDUCE_SCATTER else "ag"
         for planner in planners_for(kind, topology):
             for dtype, shard in SHARD_NUMEL.items():
-                schedule = schedule_json(
+                planned_json = schedule_json(
                     plan, topology, n * shard * ITEMSIZE[dtype], planner, collective=kind
                 )
-                cases.append(Case(name=f"{tag}-{planner}-{dtype}", schedule_json=schedule, dtype=dtype))
+                cases.append(Case(name=f"{tag}-{planner}-{dtype}", schedule_json=planned_json, dtype=dtype))
         for seed in range(3):
-            schedule = schedule_json(random_schedule, spec, n * 5001 * 8, seed, kind)
-            cases.append(Case(name=f"{tag}-random{seed}-int64", schedule_json=schedule, dtype="int64"))
+            random_json = schedule_json(random_schedule, spec, n * 5001 * 8, seed, kind)
+            cases.append(Case(name=f"{tag}-random{seed}-int64", schedule_json=random_json, dtype="int64"))
         if topology.num_dims == 3:  # multi-dim groups beside single dims
             orders = [((0, 1), (2,)), ((2,), (0, 1)), ((1,), (0, 2)), ((0, 1, 2),)]
             chunks = [
@@ -116,9 +116,8 @@ def build_cases(spec: str, *, planned: bool = True) -> list[Case]:
                 simulate_chunks, topology, n * 5001 * 8, chunks, planner="grouped", collective=kind
             )
             cases.append(Case(name=f"{tag}-grouped-int64", schedule_json=grouped, dtype="int64"))
-        tiny = schedule_json(
-            plan, topology, n * 3 * 8, "pipelined", collective=kind
-        )  # 3 elements a shard, 64 chunks
+        # 3 elements a shard, 64 chunks
+        tiny = schedule_json(plan, topology, n * 3 * 8, "pipelined", collective=kind)
         cases.append(Case(name=f"{tag}-tiny-int64", schedule_json=tiny, dtype="int64"))
         mesh = schedule_json(random_schedule, spec, n * 5001 * 8, 7, kind)
         cases.append(Case(name=f"{tag}-mesh-int64", schedule_json=mesh, dtype="int64", mesh=True))
