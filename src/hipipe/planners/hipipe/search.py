@@ -20,8 +20,9 @@ helps (:mod:`.splitting`: the ramp that Ks built from scratch cannot have), and 
 plan's binding pairs are swapped again; the polish comes after the splits, so that its LPs
 do not eat into their budget. The best plan and the polished few-chunk plans near it then
 get one chunk more in every order, built from scratch (:func:`_with_added_chunk`), and a
-4-chunk one a chunk starting on a dim where none starts, sequenced by MIP
-(:func:`.sequence_mip.add_idle_start_chunk`).
+4-chunk one a chunk starting on each dim, sequenced by MIP (where none starts first:
+:func:`.sequence_mip.add_sequenced_chunk`); a forced K above 4 grows its plans of 4 chunks
+the same way.
 Last, the baselines' own structures are re-sized where they would still win
 (:mod:`.seeds`), so the result is never worse than a baseline.
 """
@@ -53,7 +54,7 @@ from hipipe.planners.hipipe.local_search import NEAR_FLOOR, climb_orders, nested
 from hipipe.planners.hipipe.seeds import baseline_seeds, improve_with_seeds
 from hipipe.planners.hipipe.sequence_mip import MAX_DIMS as POLISH_MAX_DIMS
 from hipipe.planners.hipipe.sequence_mip import (
-    add_idle_start_chunk,
+    add_sequenced_chunk,
     every_multiset,
     exhausts_multisets,
     extended_pairs,
@@ -754,8 +755,8 @@ def _with_added_chunk(
     """``best``, or a faster plan with one chunk more (:func:`.filler.add_any_chunk`) added to
     it or to a polished few-chunk plan (``polished``: the plans the proven optima grow from),
     within a forced K; then, for those of AT_MOST_MAX_CHUNKS chunks (the first K past the
-    polish), one chunk more on a dim where no chunk starts, sequenced by MIP
-    (:func:`.sequence_mip.add_idle_start_chunk`). Off in the ablations."""
+    polish), one chunk more starting on each dim (where none starts first), sequenced by MIP
+    (:func:`.sequence_mip.add_sequenced_chunk`). Off in the ablations."""
     if not (options.climb and options.lp_sizes):
         return best
     limit = options.forced_chunks if options.forced_chunks is not None else math.inf
@@ -787,11 +788,11 @@ def _with_added_chunk(
         floor_s = log.floor_s(topology, message_bytes, base.structure.num_chunks + 1, options.collective)
         if best.makespan_s <= floor_s * (1 + NEAR_FLOOR):
             continue
-        idle_start = add_idle_start_chunk(
+        grown = add_sequenced_chunk(
             topology, message_bytes, base, incumbent=best, options=options, unit_s=unit_s, log=log
         )
-        if idle_start is not None and better(best, idle_start):
-            best = idle_start
+        if grown is not None and better(best, grown):
+            best = grown
     return best
 
 
@@ -934,16 +935,19 @@ def _search_ladder(
     settled = [_settle(topology, message_bytes, step, options=options, unit_s=unit_s)[0] for step in steps]
     if options.climb:
         best = _fastest([*settled, finished]) or best
+    at_most: list[Candidate] = []
+    """A forced K's plans of every K' <= AT_MOST_MAX_CHUNKS, settled and polished."""
     if options.forced_chunks is not None and options.climb:
-        # A forced K above AT_MOST_MAX_CHUNKS: never worse than a forced AT_MOST_MAX_CHUNKS.
-        best = _fastest(
-            [
-                best,
-                *_at_most(
-                    topology, message_bytes, mix, AT_MOST_MAX_CHUNKS, options=options, unit_s=unit_s, log=log
-                ),
-            ]
-        )
+        # A forced K above AT_MOST_MAX_CHUNKS: never worse than a forced AT_MOST_MAX_CHUNKS,
+        # and those plans are the bases of its added chunks, as the search's are (below).
+        at_most = [
+            c
+            for c in _at_most(
+                topology, message_bytes, mix, AT_MOST_MAX_CHUNKS, options=options, unit_s=unit_s, log=log
+            )
+            if c is not None
+        ]
+        best = _fastest([best, *at_most])
     if best is not None and options.climb and options.searches_chunks:
         refined = refine_by_splitting(
             topology,
@@ -979,7 +983,7 @@ def _search_ladder(
             topology,
             message_bytes,
             best,
-            [c for c in polished if c is not None],
+            [*(c for c in polished if c is not None), *at_most],
             options=options,
             unit_s=unit_s,
             log=log,

@@ -666,9 +666,9 @@ def substitute_orders(
 
 
 IDLE_START_NODES = 1_000
-"""Branch-and-bound nodes per idle dim's MIP. On libra-4d at 256 MiB (AllReduce, 5 chunks
-on 4 dims, 40 ops) the improving incumbent came within 1,000 nodes (2 s on a 2-core host);
-a fruitless solve costs about 3 s."""
+"""Branch-and-bound nodes per first dim's MIP (:func:`add_sequenced_chunk`). On libra-4d at
+256 MiB (AllReduce, 5 chunks on 4 dims, 40 ops) the improving incumbent came within 1,000
+nodes (2 s on a 2-core host); a fruitless solve costs about 3 s."""
 
 
 def add_idle_start_chunk(
@@ -694,23 +694,86 @@ def add_idle_start_chunk(
     reaches 1.6081 ms, the exact planner's best 5-chunk schedule, where the search had
     1.6267 ms. For each idle dim the chunk's order is the one whose list-scheduled plan is
     fastest (:func:`candidate_for`), its plan the MIP's start when the LP kept the chunk.
-    The search grows only the plans of the first K its polish does not reach (a 40-op
-    MIP on 4 dims costs 2-3 s; larger plans have less start-up idle time to fill).
     """
+    starts = {order[0] for order in base.structure.orders}
+    idle = [dim for dim in range(topology.num_dims) if dim not in starts]
+    return _grown_by_mip(
+        topology,
+        message_bytes,
+        base,
+        idle,
+        incumbent=incumbent,
+        options=options,
+        unit_s=unit_s,
+        log=log,
+    )
+
+
+def add_sequenced_chunk(
+    topology: Topology,
+    message_bytes: int,
+    base: Candidate,
+    *,
+    incumbent: Candidate,
+    options: SearchOptions,
+    unit_s: float,
+    log: SearchLog,
+) -> Candidate | None:
+    """:func:`add_idle_start_chunk`'s step for a chunk starting on any dim: the idle dims
+    first (their MIPs run against ``incumbent``, as they would alone), then the dims where
+    chunks already start. None unless faster than ``incumbent``.
+
+    A busy dim's new chunk needs MIP sequences too. On a held-out generated network (seed
+    2026, #3: ring 8, switch 4 and fully connected 8 at 1 GiB, K = 5) forced K = 5 kept its
+    4-chunk plan (6.8405 ms): a fifth chunk in ``(2, 0, 1)``, where two chunks already start,
+    list-schedules to 6.9785 ms, sequenced by MIP it is 6.7288 ms, and the substitutions that
+    follow reach 6.6129 ms, the exact planner's proven 5-chunk optimum. The search grows only
+    the plans of the first K its polish does not reach (a 40-op MIP on 4 dims costs 2-3 s;
+    larger plans have less start-up idle time to fill).
+    """
+    starts = {order[0] for order in base.structure.orders}
+    first_dims = sorted(range(topology.num_dims), key=lambda dim: (dim in starts, dim))
+    return _grown_by_mip(
+        topology,
+        message_bytes,
+        base,
+        first_dims,
+        incumbent=incumbent,
+        options=options,
+        unit_s=unit_s,
+        log=log,
+    )
+
+
+def _grown_by_mip(
+    topology: Topology,
+    message_bytes: int,
+    base: Candidate,
+    first_dims: Sequence[int],
+    *,
+    incumbent: Candidate,
+    options: SearchOptions,
+    unit_s: float,
+    log: SearchLog,
+) -> Candidate | None:
+    """``base`` plus one chunk starting on each of ``first_dims`` in turn (its order the one
+    whose list-scheduled plan is fastest), sequenced by MIP against the best so far; the
+    fastest, after :func:`substitute_orders`, or None if none beat ``incumbent``. A chunk on
+    a dim where no chunk of ``base`` starts is an ``idle-start chunk``, any other an
+    ``added chunk``."""
     orders = base.structure.orders
     if not 2 <= topology.num_dims <= SUBSTITUTION_MAX_DIMS or base.lp_makespan_s is None:
         return None
     starts = {order[0] for order in orders}
     best: Candidate | None = None
-    for dim in range(topology.num_dims):
-        if dim in starts:
-            continue
+    for dim in first_dims:
+        source = "added chunk" if dim in starts else "idle-start chunk"
         listed = [
             (
                 candidate_for(
                     topology,
                     message_bytes,
-                    "idle-start chunk",
+                    source,
                     (*orders, order),
                     options=options,
                     unit_s=unit_s,
@@ -729,7 +792,7 @@ def add_idle_start_chunk(
             trial_orders,
             start=start if start.structure.orders == trial_orders else None,
             incumbent=best or incumbent,
-            source="idle-start chunk",
+            source=source,
             options=options,
             unit_s=unit_s,
             log=log,
@@ -743,7 +806,7 @@ def add_idle_start_chunk(
         Trial(
             num_chunks=len(orders) + 1,
             kept_chunks=best.structure.num_chunks,
-            source="idle-start chunk",
+            source=best.structure.source,
             makespan_s=best.makespan_s,
         )
     )
