@@ -22,7 +22,8 @@ do not eat into their budget. The best plan and the polished few-chunk plans nea
 get one chunk more in every order, built from scratch (:func:`_with_added_chunk`), and a
 4-chunk one a chunk starting on each dim, sequenced by MIP (where none starts first:
 :func:`.sequence_mip.add_sequenced_chunk`); a forced K above 4 grows its plans of 4 chunks
-the same way.
+the same way. A plan of 5 chunks (the first K past the polish) then has its own orders
+re-sequenced by MIP (:func:`.sequence_mip.resequenced`).
 Last, the baselines' own structures are re-sized where they would still win
 (:mod:`.seeds`), so the result is never worse than a baseline.
 """
@@ -60,6 +61,7 @@ from hipipe.planners.hipipe.sequence_mip import (
     extended_pairs,
     extends_pairs,
     polish_sequences,
+    resequenced,
     reshape_orders,
     split_orders,
     substitute_orders,
@@ -988,6 +990,9 @@ def _search_ladder(
             unit_s=unit_s,
             log=log,
         )
+        if options.climb and options.lp_sizes and best.structure.num_chunks == AT_MOST_MAX_CHUNKS + 1:
+            # The first K past the polish: the plan's own orders, sequenced by MIP.
+            best = resequenced(topology, message_bytes, best, options=options, unit_s=unit_s, log=log)
     baselines: dict[str, float] = {}
     if options.baseline_seeds:
         best, baselines = improve_with_seeds(

@@ -665,10 +665,68 @@ def substitute_orders(
     return best
 
 
-IDLE_START_NODES = 1_000
+IDLE_START_NODES = 3_000
 """Branch-and-bound nodes per first dim's MIP (:func:`add_sequenced_chunk`). On libra-4d at
 256 MiB (AllReduce, 5 chunks on 4 dims, 40 ops) the improving incumbent came within 1,000
-nodes (2 s on a 2-core host); a fruitless solve costs about 3 s."""
+nodes (2 s on a 2-core host). On rfs-3d at 64 MiB a forced K = 5 runs these MIPs against a
+looser incumbent than the search does (its best of at most 5 chunks, 0.5561 ms), and 1,000
+nodes found nothing where 3,000 find the search's 0.5345 ms; on eight other 5-chunk plans
+(reference and generated networks) 3,000 nodes changed neither plan nor plan time beyond
+the host's noise."""
+
+RESEQUENCE_NODES = 3_000
+"""Branch-and-bound nodes of each MIP that re-sequences a finished 5-chunk plan
+(:func:`resequenced`): 0.5-1.8 s on a 2-core host for 3 dims, 0.8-1.5 s on libra-4d."""
+
+
+def resequenced(
+    topology: Topology,
+    message_bytes: int,
+    plan: Candidate,
+    *,
+    options: SearchOptions,
+    unit_s: float,
+    log: SearchLog,
+) -> Candidate:
+    """``plan``, or its own orders with sequences and sizes solved by MIP, once from its
+    sequences and once from scratch (:data:`RESEQUENCE_NODES` each), if that is faster.
+
+    Past the polish (K > 4) a plan's sequences come from list scheduling, pair swaps and
+    nesting, or from a MIP that had other orders to sequence. On held-out networks at
+    K = 5 (seed 2031, ``benchmarks/heldout.py``'s family) that left 0.4% (#4: switch 8,
+    switch 3, switch 2 at 1 GiB, 8.4321 -> 8.4005 ms, the exact planner's best) and 2.2%
+    (#14: 1.4560 -> 1.4344 ms; the exact planner's 60 s incumbent, same orders, is
+    1.4239 ms) on the table. The two starts find different plans: on #4 only the one from
+    the plan's sequences gained, on #14 the one from scratch went further, and only against
+    the plan's makespan: run against the first one's 1.4524 ms it found nothing."""
+    if not 2 <= topology.num_dims <= SUBSTITUTION_MAX_DIMS or plan.lp_makespan_s is None:
+        return plan
+    best = plan
+    for start in (plan, None):
+        solved = _solved(
+            topology,
+            message_bytes,
+            plan.structure.orders,
+            start=start,
+            incumbent=plan,
+            source=plan.structure.source,
+            options=options,
+            unit_s=unit_s,
+            log=log,
+            max_nodes=RESEQUENCE_NODES,
+        )
+        if solved is not None and better(best, solved):
+            best = solved
+    if best is not plan:
+        log.tried.append(
+            Trial(
+                num_chunks=plan.structure.num_chunks,
+                kept_chunks=best.structure.num_chunks,
+                source="resequenced",
+                makespan_s=best.makespan_s,
+            )
+        )
+    return best
 
 
 def add_idle_start_chunk(
