@@ -2,6 +2,7 @@
 random networks than ``benchmarks/optimality.py`` draws, for all three collectives.
 
     python benchmarks/heldout.py [--seeds 101-106] [--count 30] [--time-limit 60] [--out DIR]
+                                 [--chunks K] [--collectives all_reduce,reduce_scatter]
 
 The optimality benchmark's generated networks (sizes 2, 4 and 8; 25-400 GB/s; 50 ns-5 us)
 have been looked at while the planner was tuned, so they no longer test it the way a
@@ -12,7 +13,10 @@ AllGather shards are whole) and one K in 2..3 (2..4 on 2 dims), where the exact 
 proves the optimum within a minute. Each network runs for AllReduce, ReduceScatter and
 AllGather. Prints the goal per collective, the instances hipipe misses by more than 1%,
 and one JSON line; ``--out DIR`` writes ``heldout-<machine>-<date>.md``. Draw new seeds to
-test a planner change: the recorded ones have been looked at.
+test a planner change: the recorded ones have been looked at. ``--chunks K`` runs every
+network at K instead of its drawn K (K = 5 is past hipipe's polish and, on 3 dims, mostly past
+what the exact planner proves in a minute: its unproven incumbents still show where hipipe
+trails), ``--collectives`` a subset of the three.
 """
 
 import argparse
@@ -26,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from hipipe import Dimension, Topology
+from hipipe.planners.exact.planner import MAX_CHUNKS as EXACT_MAX_CHUNKS
 from hipipe.schedule import Collective
 from optimality import OPTIMUM_GOAL, run_instances, structure_lines, summarize_generated
 
@@ -61,6 +66,24 @@ def wide_instances(count: int, seed: int) -> list[tuple[Topology, int, int, str]
         text = ", ".join(f"{kind} {n} @ {gbps} GB/s / {ns} ns" for kind, n, gbps, ns in specs)
         instances.append((topology, message, num_chunks, text))
     return instances
+
+
+def at_chunks(
+    instances: list[tuple[Topology, int, int, str]], num_chunks: int | None
+) -> list[tuple[Topology, int, int, str]]:
+    """The same networks and messages at ``num_chunks`` (None: each at its drawn K)."""
+    if num_chunks is None:
+        return instances
+    return [(topology, message, num_chunks, text) for topology, message, _, text in instances]
+
+
+def parse_collectives(text: str) -> list[Collective]:
+    """``all_reduce,all_gather``: collectives by their values, in the order given."""
+    try:
+        return [Collective(part.strip()) for part in text.split(",")]
+    except ValueError as error:
+        names = ", ".join(c.value for c in Collective)
+        raise argparse.ArgumentTypeError(f"{error}; choose from {names}") from None
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -103,24 +126,43 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--count", type=int, default=COUNT, help="networks per seed")
     parser.add_argument("--time-limit", type=float, default=60.0, help="seconds per exact solve")
     parser.add_argument("--out", type=Path, help="write the markdown report here")
+    parser.add_argument("--chunks", type=int, help="every network at this K instead of its drawn one")
+    parser.add_argument(
+        "--collectives",
+        type=parse_collectives,
+        default=list(Collective),
+        help="e.g. all_reduce,reduce_scatter (default: all three)",
+    )
     args = parser.parse_args(argv)
+    if args.chunks is not None and not 1 <= args.chunks <= EXACT_MAX_CHUNKS:
+        parser.error(
+            f"--chunks must be 1..{EXACT_MAX_CHUNKS} (what the exact planner handles), not {args.chunks}"
+        )
     started = time.perf_counter()
-    instances = [(seed, i, x) for seed in args.seeds for i, x in enumerate(wide_instances(args.count, seed))]
+    instances = [
+        (seed, i, x)
+        for seed in args.seeds
+        for i, x in enumerate(at_chunks(wide_instances(args.count, seed), args.chunks))
+    ]
     by_collective: dict[str, dict[str, Any]] = {}
-    for collective in Collective:
+    for collective in args.collectives:
         entries = run_instances([x for _, _, x in instances], args.time_limit, args.time_limit, collective)
         for (seed, index, _), entry in zip(instances, entries, strict=True):
             entry.update(seed=seed, index=index, collective=collective.value)
         by_collective[collective.value] = {"summary": summarize_generated(entries), "entries": entries}
     lines = report_lines(by_collective, args.seeds)
     wall_s = time.perf_counter() - started
-    print(f"Held-out networks (seeds {args.seeds}, {args.count} each), hipipe forced to K vs exact at K:")
+    drawn = "each network's drawn K" if args.chunks is None else f"K = {args.chunks}"
+    print(
+        f"Held-out networks (seeds {args.seeds}, {args.count} each, {drawn}), hipipe forced to K vs exact at K:"
+    )
     for line in lines:
         print(line)
     machine = f"{os.cpu_count()}cpu"
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-        path = args.out / f"heldout-{machine}-{datetime.date.today().isoformat()}.md"
+        at_k = "" if args.chunks is None else f"-k{args.chunks}"
+        path = args.out / f"heldout-{machine}-{datetime.date.today().isoformat()}{at_k}.md"
         command = " ".join(sys.argv[1:] if argv is None else argv)
         path.write_text(
             "\n".join(
@@ -130,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"Generated by `python benchmarks/heldout.py {command}` in {wall_s / 60:.0f} min:"
                     " hipipe forced to K against the exact planner's optimum at K (every solve"
                     f" {args.time_limit:g} s at most) on seeds {args.seeds} of the family in the"
-                    " script's docstring.",
+                    f" script's docstring, {drawn}.",
                     "",
                     *lines,
                 ]
@@ -146,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
                 "benchmark": "heldout",
                 "machine": machine,
                 "seeds": args.seeds,
+                "chunks": args.chunks,
                 "wall_s": wall_s,
                 "summary": summary,
                 "entries": entries,

@@ -70,3 +70,27 @@ def test_heldout_benchmark_end_to_end(tmp_path):
             assert entry["exact_s"] <= entry["hipipe_s"] * (1 + 1e-9)
     (report,) = tmp_path.glob("heldout-*.md")
     assert "hipipe within 1% of the proven optimum" in report.read_text()
+
+
+def test_chunks_and_collectives_options():
+    heldout = _module()
+    drawn = heldout.wide_instances(6, 101)
+    at_five = heldout.at_chunks(drawn, 5)
+    assert [k for _, _, k, _ in at_five] == [5] * 6
+    assert [(t.dims, m, text) for t, m, _, text in at_five] == [(t.dims, m, text) for t, m, _, text in drawn]
+    assert heldout.at_chunks(drawn, None) == drawn
+    assert heldout.parse_collectives("reduce_scatter,all_reduce") == [
+        Collective.REDUCE_SCATTER,
+        Collective.ALL_REDUCE,
+    ]
+    with pytest.raises(Exception, match="choose from all_reduce"):
+        heldout.parse_collectives("allreduce")
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--chunks", "9"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "--chunks must be 1..6" in done.stderr
