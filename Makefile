@@ -32,12 +32,14 @@ lint: $(VENV)/.full
 typecheck: $(VENV)/.full
 	$(VENV)/bin/mypy
 
-# In-process tests on 2 workers; the multi-process ones (`slow`: 8 ranks on the host's
-# cores, testbeds, torchrun) one at a time, since each already keeps every core busy.
-# Each run lists its slowest tests, to keep `make test` near its time budget.
+# Tests that keep one core busy (fast ones, and slow planners and MIPs: `one_process`) on
+# 2 workers, slow ones first (conftest.py); the multi-process ones (8 ranks
+# on the host's cores, testbeds, torchrun) one at a time, since each already keeps every
+# core busy. The two runs select complementary sets, so no test is left out. Each lists
+# its slowest tests, to keep `make test` near its time budget.
 pytest: $(VENV)/.full
-	$(PY) -m pytest -q -m "not slow" -n 2 --durations=15
-	$(PY) -m pytest -q -m slow --durations=15
+	$(PY) -m pytest -q -m "not slow or one_process" -n 2 --durations=15
+	$(PY) -m pytest -q -m "slow and not one_process" --durations=15
 
 test: lint typecheck pytest
 

@@ -516,6 +516,7 @@ def test_method_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.one_process
 def test_first_dims_prove_hipipes_five_chunk_plan_on_libra_4d() -> None:
     """libra-4d at 256 MiB (ReduceScatter): hipipe's own K is 5, where the whole MIP stopped
     at a 24.6% gap after 48 s; the 56 first-dim MIPs prove the optimum (about 100 s on a

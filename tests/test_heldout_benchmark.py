@@ -48,6 +48,7 @@ def test_parse_seeds():
 
 
 @pytest.mark.slow
+@pytest.mark.one_process
 def test_heldout_benchmark_end_to_end(tmp_path):
     done = subprocess.run(
         [sys.executable, str(SCRIPT), "--seeds", "201", "--count", "2", "--out", str(tmp_path)],

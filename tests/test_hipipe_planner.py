@@ -229,6 +229,8 @@ topologies = st.lists(dimensions, min_size=1, max_size=4).map(lambda dims: Topol
 messages = st.integers(10, 36).map(lambda exponent: 2**exponent)
 
 
+@pytest.mark.slow
+@pytest.mark.one_process
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(topology=topologies, message=messages)
 def test_hipipe_never_loses_to_a_baseline(topology, message):
@@ -369,6 +371,8 @@ def test_nested_descent_finds_the_proven_optimum_on_rfs_3d():
     assert_valid(hipipe, 64 * MIB)
 
 
+@pytest.mark.slow
+@pytest.mark.one_process
 def test_a_filler_chunk_reaches_the_proven_optimum_on_rfs_3d():
     """rfs-3d, 16 MiB, K = 4: exact proves 0.1608 ms with three chunks first in, first out
     plus a 7% chunk in a rotated order that enters dims 1 and 2 first and leaves them last;
@@ -385,6 +389,7 @@ def test_a_filler_chunk_reaches_the_proven_optimum_on_rfs_3d():
 
 
 @pytest.mark.slow
+@pytest.mark.one_process
 def test_a_chunk_added_to_a_reduce_scatter_plan_starts_where_no_other_chunk_does(monkeypatch):
     """libra-4d, 256 MiB, ReduceScatter: the exact planner's best 5-chunk plan (0.8721 ms, not
     proven) is a 4-chunk plan plus a 2.5% chunk starting on a dim no other chunk starts on;
@@ -409,6 +414,7 @@ def test_a_chunk_added_to_a_reduce_scatter_plan_starts_where_no_other_chunk_does
 
 
 @pytest.mark.slow
+@pytest.mark.one_process
 def test_forced_five_chunks_grow_a_chunk_on_a_busy_dim_to_the_proven_optimum(monkeypatch):
     """A held-out generated network (seed 2026, #3), 1 GiB, forced K = 5: hipipe kept its
     4-chunk plan (6.8405 ms, 3.4% above the proven 5-chunk optimum, 6.6129 ms). The optimum
@@ -436,6 +442,7 @@ def test_forced_five_chunks_grow_a_chunk_on_a_busy_dim_to_the_proven_optimum(mon
 
 
 @pytest.mark.slow
+@pytest.mark.one_process
 def test_forced_five_chunks_re_sequence_their_own_orders(monkeypatch):
     """A held-out network (``benchmarks/heldout.py``'s family, seed 2031, #14), 256 MiB,
     forced K = 5: the plan (four chunks in (1, 0, 2), one in (1, 2, 0)) came out 2.25% above
@@ -461,6 +468,7 @@ def test_forced_five_chunks_re_sequence_their_own_orders(monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.one_process
 def test_forced_five_chunks_are_no_slower_than_the_searchs_five_chunk_plan():
     """rfs-3d at 64 MiB: the search's best has 5 chunks (0.5345 ms then, a chunk added to a
     4-chunk plan and sequenced by MIP against the search's tighter incumbent); forced K = 5
@@ -477,6 +485,7 @@ def test_forced_five_chunks_are_no_slower_than_the_searchs_five_chunk_plan():
 
 
 @pytest.mark.slow
+@pytest.mark.one_process
 def test_chunks_keep_their_first_dims_and_take_the_optimal_tails(monkeypatch):
     """libra-4d, 1 GiB, ReduceScatter at K = 4: the polished plan was 1.01% above the proven
     optimum, three order substitutions away, each keeping a chunk's first dim. The exact MIP
@@ -545,6 +554,8 @@ def test_forced_k_means_at_most_k_chunks():
     assert_valid(four, 64 * MIB)
 
 
+@pytest.mark.slow
+@pytest.mark.one_process
 @pytest.mark.parametrize(
     ("preset", "message"), [("libra-3d", 256 * MIB), ("libra-4d", 64 * MIB), ("libra-4d", 256 * MIB)]
 )
@@ -571,6 +582,8 @@ def test_the_k_search_is_never_worse_than_a_forced_small_k():
         )
 
 
+@pytest.mark.slow
+@pytest.mark.one_process
 @given(
     dims=st.lists(
         st.tuples(
@@ -610,6 +623,7 @@ def test_two_chunks_climb_the_runner_up_too_on_libra_4d():
 
 
 @pytest.mark.slow
+@pytest.mark.one_process
 def test_search_is_not_beaten_by_a_k_its_ladder_skips():
     """libra-4d at 1 GiB: the ladder tries K = 6, 8, 12 (and had retired Themis' greedy
     orders at K = 4); forced to K = 7, hipipe swaps the greedy orders to 4.709 ms, and the

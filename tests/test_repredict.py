@@ -104,6 +104,8 @@ def _document_text(calibration: Calibration) -> str:
     return json.dumps(result_to_dict(result), allow_nan=False)
 
 
+@pytest.mark.slow
+@pytest.mark.one_process
 def test_a_recorded_run_is_predicted_again_exactly_as_it_was_by_the_same_model() -> None:
     calibration = _calibration()
     document = _document(calibration)
@@ -142,6 +144,8 @@ def test_the_per_op_cost_is_fitted_again_through_the_model_it_serves() -> None:
         assert after.predicted_s >= before.predicted_s
 
 
+@pytest.mark.slow
+@pytest.mark.one_process
 def test_documents_without_schedules_are_replanned_and_flagged() -> None:
     document = _document(_calibration())
     for row in document["rows"]:
@@ -256,6 +260,8 @@ def test_the_mean_op_duration_holds_the_jitter_a_base_time_leaves_out() -> None:
     assert mean_op_duration_s(-c, m, 2) == pytest.approx(exact, rel=5e-3)
 
 
+@pytest.mark.slow
+@pytest.mark.one_process
 def test_rows_can_be_predicted_on_another_calibration_of_the_same_testbed(tmp_path: Path) -> None:
     document = _document(_calibration())
     # A second calibration of the same testbed whose lines read 1 ms more per op (a busier host).

@@ -436,6 +436,7 @@ GENERATED_34_EXACT_S = 0.1079e-3
 
 
 @pytest.mark.slow
+@pytest.mark.one_process
 def test_the_deeper_mip_of_the_plans_orders_runs_on_four_dims(monkeypatch):
     topology = _network(34, {34: GENERATED_34})
     message = 16 * 1024**2
@@ -458,6 +459,7 @@ GENERATED_22_GATHER_OPTIMUM_S = 0.1061814e-3
 
 
 @pytest.mark.slow
+@pytest.mark.one_process
 def test_one_phase_collectives_move_a_chunk_to_a_new_first_dim_on_four_dims(monkeypatch):
     topology = _network(22, {22: GENERATED_22})
     message = 16 * 1024**2
@@ -840,6 +842,7 @@ SEED_11_31_OPTIMUM_S = 0.47747344e-3
 
 
 @pytest.mark.slow
+@pytest.mark.one_process
 def test_extended_pairs_reach_the_all_reduce_optimum_of_seed_11_31():
     topology = _network(31, {31: SEED_11_31})
     hipipe = plan(topology, 64 * 1024**2, "hipipe", num_chunks=3)
@@ -949,6 +952,7 @@ def _libra_4d_four_chunk_plan():
 
 
 @pytest.mark.slow
+@pytest.mark.one_process
 def test_a_chunk_started_on_an_idle_dim_reaches_the_exact_five_chunk_schedule():
     """The chunk list-scheduled onto the plan is slower than the plan; sequenced by MIP and
     followed by its order substitutions, it reaches the exact planner's schedule."""
