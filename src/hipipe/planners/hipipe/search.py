@@ -25,7 +25,9 @@ get one chunk more in every order, built from scratch (:func:`_with_added_chunk`
 the same way. A plan of 5 chunks (the first K past the polish) then has its own orders
 re-sequenced by MIP (:func:`.sequence_mip.resequenced`).
 Last, the baselines' own structures are re-sized where they would still win
-(:mod:`.seeds`), so the result is never worse than a baseline.
+(:mod:`.seeds`), so the result is never worse than a baseline. An AllReduce plan of 6 chunks
+or more is then compared with the ReduceScatter search's plan followed by its mirror
+(:mod:`.two_phase`), and the faster kept.
 """
 
 import math
@@ -69,6 +71,9 @@ from hipipe.planners.hipipe.sequence_mip import (
 from hipipe.planners.hipipe.splitting import refine_by_splitting
 from hipipe.planners.hipipe.tail_mip import applies as tails_apply
 from hipipe.planners.hipipe.tail_mip import free_tails
+from hipipe.planners.hipipe.two_phase import MIN_CHUNKS as TWO_PHASE_MIN_CHUNKS
+from hipipe.planners.hipipe.two_phase import two_phase_candidate
+from hipipe.schedule import Collective
 from hipipe.topology import Topology
 
 FULL_ROUNDS_MAX_CHUNKS = 16
@@ -545,6 +550,18 @@ def search(
         )
         return _checked(_fastest(polished), log), baselines
     best, baselines = _search_ladder(topology, message_bytes, mix, options=options, unit_s=unit_s, log=log)
+    if (
+        best is not None
+        and options.collective is Collective.ALL_REDUCE
+        and options.climb
+        and options.lp_sizes
+        and best.structure.num_chunks >= TWO_PHASE_MIN_CHUNKS
+    ):
+        composed = two_phase_candidate(
+            topology, message_bytes, mix, options=options, unit_s=unit_s, log=log, search=search
+        )
+        if composed is not None and better(best, composed):
+            best = composed
     return _checked(best, log), baselines
 
 
