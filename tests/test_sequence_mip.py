@@ -989,3 +989,38 @@ def test_no_idle_start_chunk_where_every_dim_has_a_first_chunk():
     )
     assert grown is None
     assert not log.sequence_mips and len(log.tried) == tried  # nothing was solved or tried
+
+
+def test_a_solve_that_outlives_its_limit_is_solved_again_without_restarts(monkeypatch):
+    """A restarted HiGHS root can run cut rounds without end (the node limit does not bound
+    it): a solve that reaches ``STUCK_AFTER_S`` is run once more with restarts off, and a
+    given start is still the answer when that one finds nothing either."""
+    topology = _network(0, {0: SAME_ORDERS_NETWORK})
+    orders = ((1, 0),) * 4
+    asked: list[bool] = []
+    original = sequence_mip._Model.solver
+
+    def recorded(self, max_nodes, *, restarts=True):
+        asked.append(restarts)
+        return original(self, max_nodes, restarts=restarts)
+
+    monkeypatch.setattr(sequence_mip._Model, "solver", recorded)
+    best_sequences(topology, GIB, orders, collective=Collective.ALL_REDUCE, incumbent_s=6.2e-3)
+    assert asked == [True]  # a normal solve: once, with restarts
+    asked.clear()
+    monkeypatch.setattr(sequence_mip, "STUCK_AFTER_S", 1e-9)
+    table = op_table(topology, orders, Collective.ALL_REDUCE)
+    sequences = list_schedule(table, table.durations_s(np.full(4, GIB / 4)), Rule.FIFO)
+    sizes = np.full(4, GIB / 4)
+    incumbent_s = longest_path_s(table, table.durations_s(sizes), sequences) * 1.01
+    solution = best_sequences(
+        topology,
+        GIB,
+        orders,
+        collective=Collective.ALL_REDUCE,
+        incumbent_s=incumbent_s,
+        start=(sequences, sizes),
+    )
+    assert asked == [True, False]
+    assert solution is not None and not solution.proven
+    assert solution.makespan_s <= incumbent_s
