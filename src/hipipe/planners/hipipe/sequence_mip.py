@@ -82,9 +82,10 @@ benchmark's seed 7, #24: switch 2 at 25 GB/s and 5 us, switch 8 at 25 GB/s, swit
 400 GB/s and 5 us; 64 MiB, K searched) after 1,456 and 1,958 nodes and then ran root cut
 rounds without end (the plan had not finished after 10 minutes). Without restarts each
 reaches its 3,000 nodes in 1.5-1.7 s. Restarts stay on elsewhere: off for every solve, three
-plans of the test suite lost the optima their MIPs reach with them. Normal solves take
-0.01-10 s on a 2-core host (3,000 nodes of a 5-chunk plan on 3 dims), so the limit only
-cuts stuck ones, and plans stay the same from run to run."""
+plans of the test suite lost the optima their MIPs reach with them. The longest normal
+solves measured took 2.3 s (libra-4d at 256 MiB) and 3.5 s (that network's other MIPs) on a
+2-core host under load, so only stuck solves reach the limit, and a plan none of whose
+solves reaches it is the same from run to run."""
 
 FEASIBILITY_TOLERANCE = 1e-9
 """As the sizing LP's: the sequences found are re-sized by that LP anyway."""
