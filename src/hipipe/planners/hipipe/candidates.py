@@ -189,6 +189,13 @@ class SearchLog:
         self.simplex_iterations += iterations
         self.lp_work += num_ops
 
+    def add_work(self, other: "SearchLog") -> None:
+        """Count ``other``'s LP solves, iterations and work as this log's too (a stage run
+        in a log of its own, so that it does not eat into this one's budget)."""
+        self.lp_solves += other.lp_solves
+        self.simplex_iterations += other.simplex_iterations
+        self.lp_work += other.lp_work
+
     def allow(self, share: float, *, step_share: float | None = None) -> None:
         """Let the next stage run until ``share`` of the budget is spent in all (and, with
         ``step_share``, no more than that share on top of what is spent already)."""

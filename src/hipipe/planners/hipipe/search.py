@@ -1022,7 +1022,5 @@ def _search_ladder(
     for step in steps:
         _absorb(log, step)  # the LP work of the small Ks, settling included
     if sweep_log is not None:
-        log.lp_solves += sweep_log.lp_solves
-        log.simplex_iterations += sweep_log.simplex_iterations
-        log.lp_work += sweep_log.lp_work
+        log.add_work(sweep_log)
     return best, baselines

@@ -90,9 +90,7 @@ def two_phase_candidate(
         options=replace(options, collective=Collective.REDUCE_SCATTER, baseline_seeds=False),
         log=scatter_log,
     )
-    log.lp_solves += scatter_log.lp_solves
-    log.simplex_iterations += scatter_log.simplex_iterations
-    log.lp_work += scatter_log.lp_work
+    log.add_work(scatter_log)
     candidate = optimize_structure(
         topology,
         message_bytes,
