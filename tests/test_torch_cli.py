@@ -88,7 +88,8 @@ def _torchrun(tmp_path: Path, args: list[str]) -> tuple[int, str, str]:
     hipipe = shutil.which("hipipe", path=str(Path(sys.executable).parent))
     if torchrun is None or hipipe is None:
         pytest.skip("torchrun or the hipipe script is not installed next to this Python")
-    command = [torchrun, "--standalone", "--nproc-per-node", "8", "--no-python", hipipe, "run", *args]
+    command = [torchrun, "--standalone", "--log-dir", str(tmp_path / "torchrun"), "--nproc-per-node", "8"]
+    command += ["--no-python", hipipe, "run", *args]
     env = {
         k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
     }

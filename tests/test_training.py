@@ -1,5 +1,7 @@
 """The training benchmark's pieces: the model, its data, the job file and the torchrun command."""
 
+from pathlib import Path
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -88,12 +90,9 @@ def test_job_round_trips() -> None:
 
 def test_torchrun_command_is_one_node_per_namespace() -> None:
     layout = Layout(prefix="hpabcd", sizes=(2, 2), rates_bits_per_s=(1e8, 1e8))
-    host = torchrun_argv(
-        layout, 0, ["hipipe.training.worker", "job.json"], rendezvous_id="x", join_timeout_s=60
-    )
-    other = torchrun_argv(
-        layout, 3, ["hipipe.training.worker", "job.json"], rendezvous_id="x", join_timeout_s=60
-    )
+    worker = ["hipipe.training.worker", "job.json"]
+    host = torchrun_argv(layout, 0, worker, rendezvous_id="x", join_timeout_s=60, log_dir=Path("w/n0"))
+    other = torchrun_argv(layout, 3, worker, rendezvous_id="x", join_timeout_s=60, log_dir=Path("w/n3"))
     assert host[:4] == ["ip", "netns", "exec", layout.rank_netns(0)]
     assert other[:4] == ["ip", "netns", "exec", layout.rank_netns(3)]
     endpoint = f"--rdzv-endpoint={layout.rank_address(0)}:{RENDEZVOUS_PORT}"
@@ -102,6 +101,7 @@ def test_torchrun_command_is_one_node_per_namespace() -> None:
     assert "--rdzv-conf=is_host=0,join_timeout=60" in other
     assert f"--local-addr={layout.rank_address(3)}" in other
     assert "--nnodes=4" in other and "--node-rank=3" in other
+    assert "--log-dir=w/n3" in other  # not a torchelastic_* directory left in /tmp per node
     assert f"GLOO_SOCKET_IFNAME={layout.rank_ifname(3)}" in other
     assert other[-3:] == ["-m", "hipipe.training.worker", "job.json"]
 
@@ -117,6 +117,7 @@ def _torchrun_locally(tmp_path, job: TrainingJob, timeout_s: float):  # type: ig
     return subprocess.run(
         [
             *(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4"),
+            f"--log-dir={tmp_path / 'torchrun'}",
             *("-m", "hipipe.training.worker", str(job_path)),
         ],
         capture_output=True,

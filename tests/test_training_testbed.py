@@ -45,10 +45,11 @@ def test_fsdp_trains_the_same_under_torchrun_nodes(tmp_path: Path, prefix: str) 
     assert all(row["workload"] == "fsdp" and len(row["losses"]) == 3 for row in document["rows"])
     assert document["max_loss_relative_difference"] < 1e-4
     assert document["speedup"] > 0
-    # every node ran under its own torchrun (one log per node, each saw the rendezvous)
-    assert sorted(p.name for p in (tmp_path / "work" / "nodes").iterdir()) == [
-        f"node{n}.log" for n in range(4)
-    ]
+    # every node ran under its own torchrun (one log per node, each saw the rendezvous), and
+    # torchrun kept its run directory in the job's workdir, not in the system's /tmp
+    nodes = tmp_path / "work" / "nodes"
+    assert sorted(p.name for p in nodes.glob("*.log")) == [f"node{n}.log" for n in range(4)]
+    assert sorted(p.name for p in nodes.iterdir() if p.is_dir()) == [f"node{n}-torchrun" for n in range(4)]
 
 
 def test_a_rank_that_dies_mid_training_fails_the_job_in_one_line(tmp_path: Path, prefix: str) -> None:

@@ -362,7 +362,8 @@ def test_hipipe_tune_under_torchrun_writes_the_measured_fastest(tmp_path: Path, 
     if torchrun is None or hipipe is None:
         pytest.skip("torchrun or the hipipe script is not installed next to this Python")
     spec = "ring:2:1GB/s:1us,ring:2:1GB/s:1us"
-    command = [torchrun, "--standalone", "--nproc-per-node", "4", "--no-python", hipipe, "tune", spec]
+    command = [torchrun, "--standalone", "--log-dir", str(tmp_path / "torchrun"), "--nproc-per-node", "4"]
+    command += ["--no-python", hipipe, "tune", spec]
     command += ["--size", "64KiB", "--repeats", "2", "--max-repeats", "5", "--precision", "0.02"]
     command += ["--best-few", "2", "--timeout", "30"]
     command += ["--cache", "tuned.json", "-o", "kept.json", "--collective", collective]

@@ -38,9 +38,15 @@ def torchrun_argv(
     *,
     rendezvous_id: str,
     join_timeout_s: float,
+    log_dir: Path,
     python: str = sys.executable,
 ) -> list[str]:
-    """The command that starts node ``node`` of the job in its namespace (one process per node)."""
+    """The command that starts node ``node`` of the job in its namespace (one process per node).
+
+    ``log_dir`` is where torchrun keeps its per-run directory: without ``--log-dir`` it makes
+    a ``torchelastic_*`` directory in the system's temporary directory and never removes it,
+    one per node per job.
+    """
     is_host = 1 if node == 0 else 0
     return [
         "ip",
@@ -62,6 +68,7 @@ def torchrun_argv(
         f"--rdzv-id={rendezvous_id}",
         f"--rdzv-conf=is_host={is_host},join_timeout={int(join_timeout_s)}",
         f"--local-addr={layout.rank_address(node)}",
+        f"--log-dir={log_dir}",
         "-m",
         *module_argv,
     ]
@@ -142,7 +149,12 @@ def run_torchrun_job(
     try:
         for node in range(layout.num_ranks):
             argv = torchrun_argv(
-                layout, node, module_argv, rendezvous_id=layout.prefix, join_timeout_s=join_timeout_s
+                layout,
+                node,
+                module_argv,
+                rendezvous_id=layout.prefix,
+                join_timeout_s=join_timeout_s,
+                log_dir=workdir / f"node{node}-torchrun",
             )
             processes.append(
                 subprocess.Popen(
