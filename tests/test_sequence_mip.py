@@ -1024,3 +1024,41 @@ def test_a_solve_that_outlives_its_limit_is_solved_again_without_restarts(monkey
     assert asked == [True, False]
     assert solution is not None and not solution.proven
     assert solution.makespan_s <= incumbent_s
+
+
+def test_every_highs_instance_runs_on_the_pinned_threads(monkeypatch):
+    """HiGHS's default thread count is the machine's, and its MIP search takes another path
+    on one thread than on more (two plans of this file come out differently): every
+    instance hipipe makes runs on ``HIGHS_THREADS``, so a plan is the same on every machine."""
+    import re
+    from pathlib import Path
+
+    import hipipe
+    import hipipe.bounds as bounds
+    import hipipe.planners.exact.model as exact_model
+    import hipipe.planners.hipipe.sizing as sizing
+
+    threads: dict[str, list[int]] = {}
+    for module in (bounds, sizing, sequence_mip, exact_model):
+        original = module.new_highs
+
+        def recorded(original: Any = original, name: str = module.__name__) -> Any:
+            solver = original()
+            threads.setdefault(name, []).append(solver.getOptionValue("threads")[1])
+            return solver
+
+        monkeypatch.setattr(module, "new_highs", recorded)
+    topology = PRESETS["tpu-2d"]()
+    plan(topology, GIB // 64, "hipipe")  # order-mix LP, sizing LPs, the few-chunk sequence MIPs
+    plan_exact(topology, GIB // 64, num_chunks=2)
+    assert set(threads) == {m.__name__ for m in (bounds, sizing, sequence_mip, exact_model)}
+    assert {t for ts in threads.values() for t in ts} == {bounds.HIGHS_THREADS}
+    # ... and no module builds a HiGHS instance or sets its threads another way
+    package = Path(hipipe.__file__).parent
+    elsewhere = [
+        path.relative_to(package).as_posix()
+        for path in package.rglob("*.py")
+        if path.name != "bounds.py"
+        and re.search(r"_?Highs\(\)|setOptionValue\(\s*\"threads\"", path.read_text())
+    ]
+    assert elsewhere == []

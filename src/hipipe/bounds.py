@@ -175,8 +175,20 @@ def latency_aware_bound_s(
     return float(min(chain_s, two_chunks_s))
 
 
+HIGHS_THREADS = 2
+"""Threads of every HiGHS instance hipipe makes, on every machine.
+
+HiGHS's default is the machine's hardware concurrency, and its MIP search takes another
+path on one thread than on more: on one thread, two tests of ``test_sequence_mip`` (held-out
+4-dim plans whose steps the tests measure) planned differently from two threads. Pinned,
+a 1-core runner plans as a workstation does; on the 2-core development host
+two threads is HiGHS's default (two generated 3- and 4-dim plans of 17-21 s came out bit for
+bit the same as before the pin), and four threads gave the same plans and the same results
+in ``test_sequence_mip`` as two."""
+
+
 def new_highs() -> Any:
-    """A silent HiGHS instance.
+    """A silent HiGHS instance with :data:`HIGHS_THREADS` threads.
 
     ``highspy.Highs()`` prints a banner on stdout from its constructor (before any option
     can be set), which would end up in the middle of ``hipipe plan``'s output; the core
@@ -185,6 +197,7 @@ def new_highs() -> Any:
     core = getattr(highspy, "_core", None)
     solver = core._Highs() if core is not None and hasattr(core, "_Highs") else highspy.Highs()
     solver.setOptionValue("output_flag", False)
+    solver.setOptionValue("threads", HIGHS_THREADS)
     return solver
 
 
