@@ -182,7 +182,7 @@ HiGHS's default is the machine's hardware concurrency, and its MIP search takes 
 path on one thread than on more: on one thread, two tests of ``test_sequence_mip`` (held-out
 4-dim plans whose steps the tests measure) planned differently from two threads. Pinned,
 a 1-core runner plans as a workstation does; on the 2-core development host
-two threads is HiGHS's default (two generated 3- and 4-dim plans of 17-21 s came out bit for
+two threads is HiGHS's default (two generated 3- and 4-dim plans of 16-21 s came out bit for
 bit the same as before the pin), and four threads gave the same plans and the same results
 in ``test_sequence_mip`` as two."""
 

@@ -560,7 +560,7 @@ def search(
         composed = two_phase_candidate(
             topology, message_bytes, mix, options=options, unit_s=unit_s, log=log, search=search
         )
-        if composed is not None and better(best, composed):
+        if better(best, composed):
             best = composed
     return _checked(best, log), baselines
 
