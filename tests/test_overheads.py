@@ -2,6 +2,7 @@
 
 import random
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -10,9 +11,11 @@ from hipipe.cost import op_time_s
 from hipipe.errors import HipipeError, TopologyError
 from hipipe.overheads import OpCurve, Overheads
 from hipipe.planners import plan
+from hipipe.planners.hipipe import sequence_mip
+from hipipe.planners.hipipe.candidates import SearchLog
 from hipipe.predict import other_dims_busy, predict, replay_op_times_s
 from hipipe.presets import PRESETS
-from hipipe.schedule import Collective, Phase, Schedule
+from hipipe.schedule import Collective, Phase, Schedule, schedule_to_dict
 from hipipe.topology_io import topology_from_dict, topology_to_dict
 
 MIB = 1 << 20
@@ -205,3 +208,39 @@ def test_an_op_is_stretched_when_another_dim_starts_while_it_runs() -> None:
     assert all(ends[i] - starts[i] == pytest.approx(14e-3) for i in stretched)
     alone = [op.index for op in schedule.ops if other_dims_busy(schedule, times, op.index) == 0]
     assert alone and all(ends[i] - starts[i] == pytest.approx(10e-3) for i in alone)
+
+
+@pytest.mark.parametrize("collective", [Collective.ALL_REDUCE, Collective.REDUCE_SCATTER])
+def test_the_plans_a_re_timed_plan_makes_share_their_sequence_mips(
+    monkeypatch: pytest.MonkeyPatch, collective: Collective
+) -> None:
+    """Re-timing plans the best few K again, and those searches meet many of the same
+    sequence MIPs: each is solved once per plan, and the plan is the one that solving
+    every MIP afresh in each search gives."""
+    topology = _tpu(replace(LINEAR, op_s=2e-5, concurrency_slowdown=0.3, jitter_s=2e-6))
+    solve, solved = sequence_mip._solve, sequence_mip._solved
+    inputs: list[str] = []
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        start = kwargs["start"]
+        start_key = None if start is None else (start[0], start[1].tolist())
+        inputs.append(
+            repr((args[1:], kwargs["collective"], kwargs["incumbent_s"], start_key, kwargs["max_nodes"]))
+        )
+        return solve(*args, **kwargs)
+
+    monkeypatch.setattr(sequence_mip, "_solve", counted)
+    shared = plan(topology, 64 * MIB, "hipipe", collective=collective)
+    assert len(shared.info["retimed"]) >= 2
+    assert inputs and len(set(inputs)) == len(inputs)
+    once = len(inputs)
+
+    def afresh(*args: Any, log: SearchLog, **kwargs: Any) -> Any:
+        log.solved_mips.clear()  # every search solves its MIPs itself, as if nothing were shared
+        return solved(*args, log=log, **kwargs)
+
+    inputs.clear()
+    monkeypatch.setattr(sequence_mip, "_solved", afresh)
+    alone = plan(topology, 64 * MIB, "hipipe", collective=collective)
+    assert len(inputs) > once
+    assert schedule_to_dict(alone) == schedule_to_dict(shared)

@@ -125,6 +125,16 @@ class Trial:
         return {key: value for key, value in fields.items() if value is not None}
 
 
+@dataclass(frozen=True)
+class SolvedMip:
+    """What one sequence MIP gave (:func:`.sequence_mip._solve`): its sequences (None: it
+    found none), the branch-and-bound nodes it took, and whether it proved them optimal."""
+
+    sequences: tuple[tuple[int, ...], ...] | None
+    nodes: int
+    proven: bool
+
+
 @dataclass(kw_only=True)
 class SearchLog:
     """What the search tried and the LP work it spent. Mutable: filled in as it goes."""
@@ -160,6 +170,13 @@ class SearchLog:
     proven_orders: set[tuple[Order, ...]] = field(default_factory=set)
     """Order multisets (sorted) whose sequence MIP proved its answer optimal for them: no
     deeper MIP of theirs can find more (:func:`.sequence_mip.substitute_orders`)."""
+    solved_mips: dict[tuple[object, ...], "SolvedMip"] = field(default_factory=dict)
+    """Every sequence MIP solved for this plan, by all of its inputs; unlike the fields
+    above, shared by the logs of the plan's stages and of the plans it re-times
+    (:func:`hipipe.planners.hipipe.planner._plan`). Those stages and plans solve many of
+    the same MIPs (on a calibrated 2x2x2 testbed, 21 distinct of 74), and a MIP's answer
+    depends on its inputs alone, so each log still records it as solved: the search takes
+    the same path, without solving it again."""
 
     def floor_s(
         self, topology: Topology, message_bytes: float, num_chunks: int, collective: Collective

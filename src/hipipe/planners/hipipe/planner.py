@@ -18,6 +18,7 @@ from hipipe.planners.hipipe.candidates import (
     Candidate,
     SearchLog,
     SearchOptions,
+    SolvedMip,
     drop_empty_chunks,
     time_unit_s,
 )
@@ -59,6 +60,7 @@ def _plan(
     the best few chunk counts of the search are each planned and replayed
     (:func:`hipipe.predict.predict`), and the one predicted fastest is kept.
     """
+    solved_mips: dict[tuple[object, ...], SolvedMip] = {}
     best = _plan_linear(
         topology,
         message_bytes,
@@ -67,6 +69,7 @@ def _plan(
         num_chunks=num_chunks,
         collective=collective,
         mirror=mirror,
+        solved_mips=solved_mips,
     )
     if topology.overheads.is_linear or num_chunks is not None or not options.lp_sizes:
         return best
@@ -87,6 +90,7 @@ def _plan(
             num_chunks=k,
             collective=collective,
             mirror=mirror,
+            solved_mips=solved_mips,
         )
         for k in others
     ]
@@ -108,9 +112,11 @@ def _plan_linear(
     num_chunks: int | None,
     collective: Collective,
     mirror: bool,
+    solved_mips: dict[tuple[object, ...], SolvedMip],
 ) -> Schedule:
     """:func:`_searched`; with ``mirror``, for ReduceScatter or AllGather, also the other
     collective's plan read backwards in time (:mod:`.mirror`), and the faster of the two.
+    Both searches share ``solved_mips`` (:attr:`.candidates.SearchLog.solved_mips`).
 
     The best schedule of either collective is the mirror of the other's, but the search
     does not find both equally well (its plans differed by up to 1.0% on the reference
@@ -124,6 +130,7 @@ def _plan_linear(
         options=options,
         num_chunks=num_chunks,
         collective=collective,
+        solved_mips=solved_mips,
     )
     if not mirror or collective not in MIRRORED:
         return direct
@@ -134,6 +141,7 @@ def _plan_linear(
         options=options,
         num_chunks=num_chunks,
         collective=MIRRORED[collective],
+        solved_mips=solved_mips,
     )
     reflected = mirrored(other)
     used = reflected.makespan_s < direct.makespan_s * (1 - MIRROR_GAIN_RELATIVE)
@@ -171,14 +179,16 @@ def _searched(
     options: SearchOptions,
     num_chunks: int | None,
     collective: Collective,
+    solved_mips: dict[tuple[object, ...], SolvedMip],
 ) -> Schedule:
     """The search, then the simulator's timing of its winner. The request (message size,
-    K, collective) was validated once by :func:`hipipe.planners.plan`."""
+    K, collective) was validated once by :func:`hipipe.planners.plan`; ``solved_mips``
+    holds the sequence MIPs the plan has solved so far (shared by its searches)."""
     options = replace(options, collective=collective)
     if num_chunks is not None:
         options = replace(options, forced_chunks=num_chunks)
     mix = order_mix(topology)
-    log = SearchLog(budget=options.lp_work_budget)
+    log = SearchLog(budget=options.lp_work_budget, solved_mips=solved_mips)
     best, baselines = search(topology, message_bytes, mix, options=options, log=log)
     if options.lp_sizes:
         unit_s = time_unit_s(topology, message_bytes, mix, collective)

@@ -43,6 +43,7 @@ from hipipe.planners.hipipe.candidates import (
     Candidate,
     SearchLog,
     SearchOptions,
+    SolvedMip,
     Trial,
     better,
     candidate_for,
@@ -298,10 +299,11 @@ def _small_step(
     unit_s: float,
     strikes: SearchLog | None,
     floors: dict[int, float],
+    solved_mips: dict[tuple[object, ...], SolvedMip],
     previous: Candidate | None,
 ) -> _Step:
     """Every family at ``num_chunks`` (none retired) in a fresh log (sharing the plan's
-    ``floors``); their results count towards retirement at larger K in ``strikes`` (the
+    ``floors`` and ``solved_mips``); their results count towards retirement at larger K in ``strikes`` (the
     plan's log; None: nowhere). Then ``previous`` (the best of K - 1) plus a filler chunk,
     unless the families reach this K's floor.
 
@@ -309,7 +311,7 @@ def _small_step(
     fills its start-up idle time, which neither the families nor the local search build.
     The filler's base is the previous K's best before its local search, which depends on
     that K's step alone: the search and a forced K add the same filler."""
-    log = SearchLog(budget=options.lp_work_budget, floors=floors)
+    log = SearchLog(budget=options.lp_work_budget, floors=floors, solved_mips=solved_mips)
     log.allow(LADDER_SHARE)
     pool: list[Candidate] = []
     best = _best_for_chunks(
@@ -510,6 +512,7 @@ def _small_steps(
             unit_s=unit_s,
             strikes=None,
             floors=log.floors,
+            solved_mips=log.solved_mips,
             previous=_before(steps, k),
         )
         steps.append(step)
@@ -887,6 +890,7 @@ def _search_ladder(
                 unit_s=unit_s,
                 strikes=log,
                 floors=log.floors,
+                solved_mips=log.solved_mips,
                 previous=_before(steps, num_chunks),
             )
             steps.append(step)
@@ -923,7 +927,7 @@ def _search_ladder(
         # Pipelining pays: every K between the few-chunk range and the full-rounds range,
         # every family, in a log of its own (its LP work is recorded at the end, like the
         # settling's, so the splits keep their budget).
-        sweep_log = SearchLog(budget=options.lp_work_budget, floors=log.floors)
+        sweep_log = SearchLog(budget=options.lp_work_budget, floors=log.floors, solved_mips=log.solved_mips)
         # The whole plan budget, in its own log: at the default stage limit (half of it) the
         # sweep's last Ks were built without re-sequencing rounds, and on a generated 3-dim
         # network at 1 GiB the greedy orders at K = 16 came out at 3.666 ms instead of 3.283 ms.

@@ -36,6 +36,7 @@ from hipipe.planners.hipipe.candidates import (
     Candidate,
     SearchLog,
     SearchOptions,
+    SolvedMip,
     Trial,
     better,
     candidate_for,
@@ -483,17 +484,26 @@ def _solved(
         max_nodes,
     )
     if key not in log.sequence_mips:
-        solution, log.sequence_mip_nodes[key] = _solve(
-            topology,
-            message_bytes,
-            orders,
-            collective=options.collective,
-            incumbent_s=incumbent.makespan_s,
-            start=None if start is None else (start.structure.sequences, start.sizes_bytes),
-            max_nodes=max_nodes,
-        )
-        log.sequence_mips[key] = None if solution is None else solution.sequences
-        if solution is not None and solution.proven:
+        inputs = (topology, message_bytes, options.collective, *key)
+        if inputs not in log.solved_mips:
+            solution, nodes = _solve(
+                topology,
+                message_bytes,
+                orders,
+                collective=options.collective,
+                incumbent_s=incumbent.makespan_s,
+                start=None if start is None else (start.structure.sequences, start.sizes_bytes),
+                max_nodes=max_nodes,
+            )
+            log.solved_mips[inputs] = SolvedMip(
+                sequences=None if solution is None else solution.sequences,
+                nodes=nodes,
+                proven=solution is not None and solution.proven,
+            )
+        solved = log.solved_mips[inputs]
+        log.sequence_mips[key] = solved.sequences
+        log.sequence_mip_nodes[key] = solved.nodes
+        if solved.proven:
             log.proven_orders.add(tuple(sorted(orders)))
     sequences = log.sequence_mips[key]
     if sequences is None:

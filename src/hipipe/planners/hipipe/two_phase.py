@@ -81,7 +81,7 @@ def two_phase_candidate(
     """The ReduceScatter search's plan (same options but the collective, its own log),
     followed by its mirror, re-sized by the LP and re-sequenced as any AllReduce candidate
     (``options`` plan the AllReduce). Its trial and LP work are added to ``log``."""
-    scatter_log = SearchLog(budget=options.lp_work_budget)
+    scatter_log = SearchLog(budget=options.lp_work_budget, solved_mips=log.solved_mips)
     scatter, _ = search(
         topology,
         message_bytes,
