@@ -33,12 +33,14 @@ typecheck: $(VENV)/.full
 	$(VENV)/bin/mypy
 
 # Tests that keep one core busy (fast ones, and slow planners and MIPs: `one_process`) on
-# 2 workers, slow ones first (conftest.py); the multi-process ones (8 ranks
-# on the host's cores, testbeds, torchrun) one at a time, since each already keeps every
-# core busy. The two runs select complementary sets, so no test is left out. Each lists
-# its slowest tests, to keep `make test` near its time budget.
+# 2 workers, slow ones first (conftest.py) and handed out one by one (`--maxschedchunk 1`:
+# by default pytest-xdist sends each worker a quarter of its share up front, and the first
+# worker got every slow test); the multi-process ones (8 ranks on the host's cores,
+# testbeds, torchrun) one at a time, since each already keeps every core busy. The two runs
+# select complementary sets, so no test is left out. Each lists its slowest tests, to keep
+# `make test` near its time budget.
 pytest: $(VENV)/.full
-	$(PY) -m pytest -q -m "not slow or one_process" -n 2 --durations=15
+	$(PY) -m pytest -q -m "not slow or one_process" -n 2 --maxschedchunk 1 --durations=15
 	$(PY) -m pytest -q -m "slow and not one_process" --durations=15
 
 test: lint typecheck pytest

@@ -25,9 +25,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Slow tests first, each group in its collected order.
 
     ``make test`` runs the slow tests that keep one core busy beside the fast ones on two
-    workers, which take tests in this order as they free up: a 4-minute test started last
-    would leave the other worker idle for its whole length. Longest first balances the two.
-    The order is the same on every worker, as pytest-xdist requires.
+    workers, which take tests in this order as they free up (``--maxschedchunk 1``): a
+    4-minute test started last would leave the other worker idle for its whole length.
+    Longest first balances the two. The order is the same on every worker, as
+    pytest-xdist requires.
     """
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
