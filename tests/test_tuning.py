@@ -19,6 +19,8 @@ from rich.console import Console
 
 from hipipe.cli import main
 from hipipe.planners import BASELINES, plan
+from hipipe.planners.hipipe import sequence_mip
+from hipipe.presets import PRESETS
 from hipipe.repeats import median_relative_error
 from hipipe.report.tune import tuning_table
 from hipipe.schedule import Collective, Schedule
@@ -434,3 +436,37 @@ def test_run_with_tuned_runs_the_cached_schedule(tmp_path: Path, capsys: pytest.
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["verified"] and result["planner"] == "themis"  # hipipe run's default planner is hipipe
     assert result["num_chunks"] == entry.schedule.num_chunks
+
+
+@pytest.mark.parametrize("collective", [Collective.ALL_REDUCE, Collective.REDUCE_SCATTER])
+def test_hipipe_candidates_are_the_plans_plan_gives_with_fewer_mips(
+    monkeypatch: pytest.MonkeyPatch, collective: Collective
+) -> None:
+    """The re-plans at the search's next-best Ks share the first plan's sequence MIPs
+    (:class:`hipipe.planners.hipipe.HipipePlans`): the same schedules as planning each alone."""
+    topology = PRESETS["tpu-2d"]()
+    message = 16 * MIB
+    solve = sequence_mip._solve
+    solves: list[int] = []
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        solves.append(1)
+        return solve(*args, **kwargs)
+
+    monkeypatch.setattr(sequence_mip, "_solve", counted)
+    candidates = tuning_candidates(topology, message, collective=collective, best_few=3, baselines=())
+    shared = len(solves)
+    solves.clear()
+    alone = [plan(topology, message, "hipipe", collective=collective)] + [
+        plan(
+            topology,
+            message,
+            "hipipe",
+            num_chunks=int(c.name.removeprefix("hipipe K=")),
+            collective=collective,
+        )
+        for c in candidates[1:]
+    ]
+    assert len(candidates) == 3 and candidates[1].name.startswith("hipipe K=")
+    assert [c.schedule for c in candidates] == alone
+    assert 0 < shared < len(solves)

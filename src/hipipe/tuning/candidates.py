@@ -16,7 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from hipipe.errors import HipipeError
-from hipipe.planners import BASELINES, plan
+from hipipe.planners import BASELINES, plan, validate_request
+from hipipe.planners.hipipe import HipipePlans
 from hipipe.predict import predicted_s
 from hipipe.schedule import Collective, Schedule
 from hipipe.topology import Topology
@@ -37,8 +38,9 @@ class Candidate:
 def best_chunk_counts(schedule: Schedule, best_few: int) -> list[int]:
     """The requested K of the best ``best_few`` distinct Ks hipipe's search timed, best first.
 
-    Read from ``info["candidates"]`` (entries with a ``makespan_s``); a planner that
-    returned its top-N schedules would make this re-planning unnecessary.
+    Read from ``info["candidates"]`` (entries with a ``makespan_s``). The re-plans share
+    the first plan's sequence MIPs (:class:`~hipipe.planners.hipipe.HipipePlans`), which
+    makes them cheap.
     """
     best_per_k: dict[int, float] = {}
     for entry in schedule.info.get("candidates", []):
@@ -60,7 +62,9 @@ def tuning_candidates(
     """hipipe's best few distinct plans (its own first), then every baseline."""
     if best_few < 1:
         raise TuningError("need at least one hipipe candidate (--best-few >= 1)")
-    chosen = plan(topology, message_bytes, "hipipe", collective=collective)
+    validate_request(topology, message_bytes, num_chunks=None, collective=collective)
+    hipipe = HipipePlans(topology, message_bytes, collective=collective)  # one set of MIPs
+    chosen = hipipe.plan()
     out = [Candidate(name="hipipe", schedule=chosen)]
     # A K whose plan equals one already kept (often the search's own best) is skipped;
     # look a few Ks further so that up to best_few distinct hipipe plans remain.
@@ -68,7 +72,7 @@ def tuning_candidates(
         if len(out) >= best_few:
             break
         try:
-            schedule = plan(topology, message_bytes, "hipipe", num_chunks=k, collective=collective)
+            schedule = hipipe.plan(num_chunks=k)
         except HipipeError:
             continue  # a K the search tried may still fail alone (LP): skip it, the others stand
         if not any(same_plan(schedule, c.schedule) for c in out):

@@ -18,10 +18,18 @@
 
 from hipipe.planners.hipipe.explain import explain
 from hipipe.planners.hipipe.planner import (
+    HipipePlans,
     plan_hipipe,
     plan_hipipe_fixed_order,
     plan_hipipe_k64,
     plan_hipipe_uniform,
 )
 
-__all__ = ["explain", "plan_hipipe", "plan_hipipe_fixed_order", "plan_hipipe_k64", "plan_hipipe_uniform"]
+__all__ = [
+    "HipipePlans",
+    "explain",
+    "plan_hipipe",
+    "plan_hipipe_fixed_order",
+    "plan_hipipe_k64",
+    "plan_hipipe_uniform",
+]

@@ -51,16 +51,20 @@ def _plan(
     num_chunks: int | None,
     collective: Collective,
     mirror: bool = False,
+    solved_mips: dict[tuple[object, ...], SolvedMip] | None = None,
 ) -> Schedule:
     """:func:`_plan_linear`, then, on a topology with non-linear overheads (concurrency,
     jitter), the choice of K by the full cost model. ``mirror``: see :func:`_plan_linear`.
+    ``solved_mips``: the sequence MIPs other plans of the same request solved (filled in
+    by this one; :class:`HipipePlans`), or None for a plan of its own.
 
     The LP charges the linear terms exactly but cannot see what grows with the number of
     ops in flight, and K is the decision that trades latency against exactly that. So
     the best few chunk counts of the search are each planned and replayed
     (:func:`hipipe.predict.predict`), and the one predicted fastest is kept.
     """
-    solved_mips: dict[tuple[object, ...], SolvedMip] = {}
+    if solved_mips is None:
+        solved_mips = {}
     best = _plan_linear(
         topology,
         message_bytes,
@@ -267,15 +271,38 @@ def plan_hipipe(
 ) -> Schedule:
     """HiPIPE: fluid order mix, list-scheduled sequences, LP chunk sizes, searched K, baseline
     seeds; a ReduceScatter or AllGather is also searched as its mirror (:mod:`.mirror`)."""
-    return _plan(
-        topology,
-        message_bytes,
-        planner="hipipe",
-        options=SearchOptions(),
-        num_chunks=num_chunks,
-        collective=collective,
-        mirror=True,
-    )
+    return HipipePlans(topology, message_bytes, collective=collective).plan(num_chunks)
+
+
+class HipipePlans:
+    """``hipipe`` plans of one request at several chunk counts, sharing their sequence MIPs.
+
+    ``hipipe tune`` plans the searched K and then the search's next-best Ks forced; a
+    forced search meets most of the MIPs the first one solved (on a calibrated 2x2x2
+    testbed at 4 MiB, three forced plans took 20.8 s alone and 1.2 s after the searched
+    one). Each plan is the one :func:`plan_hipipe` returns for the same request. Mutable
+    (the solved MIPs); the request is not validated here (:func:`hipipe.planners.plan` is
+    the place for that).
+    """
+
+    def __init__(self, topology: Topology, message_bytes: int, *, collective: Collective) -> None:
+        self.topology = topology
+        self.message_bytes = message_bytes
+        self.collective = collective
+        self._solved_mips: dict[tuple[object, ...], SolvedMip] = {}
+
+    def plan(self, num_chunks: int | None = None) -> Schedule:
+        """:func:`plan_hipipe` of the request, at ``num_chunks`` (None: searched)."""
+        return _plan(
+            self.topology,
+            self.message_bytes,
+            planner="hipipe",
+            options=SearchOptions(),
+            num_chunks=num_chunks,
+            collective=self.collective,
+            mirror=True,
+            solved_mips=self._solved_mips,
+        )
 
 
 def plan_hipipe_uniform(
