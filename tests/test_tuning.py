@@ -454,7 +454,8 @@ def test_hipipe_candidates_are_the_plans_plan_gives_with_fewer_mips(
         return solve(*args, **kwargs)
 
     monkeypatch.setattr(sequence_mip, "_solve", counted)
-    candidates = tuning_candidates(topology, message, collective=collective, best_few=3, baselines=())
+    # by name, as the CLI and the torchrun tuner pass it
+    candidates = tuning_candidates(topology, message, collective=collective.value, best_few=3, baselines=())
     shared = len(solves)
     solves.clear()
     alone = [plan(topology, message, "hipipe", collective=collective)] + [

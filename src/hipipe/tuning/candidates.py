@@ -55,15 +55,16 @@ def tuning_candidates(
     topology: Topology,
     message_bytes: int,
     *,
-    collective: Collective = Collective.ALL_REDUCE,
+    collective: Collective | str = Collective.ALL_REDUCE,
     best_few: int = DEFAULT_BEST_FEW,
     baselines: Sequence[str] = BASELINES,
 ) -> list[Candidate]:
     """hipipe's best few distinct plans (its own first), then every baseline."""
     if best_few < 1:
         raise TuningError("need at least one hipipe candidate (--best-few >= 1)")
-    validate_request(topology, message_bytes, num_chunks=None, collective=collective)
-    hipipe = HipipePlans(topology, message_bytes, collective=collective)  # one set of MIPs
+    kind = Collective.parse(collective)  # as plan() takes it: a Collective or its name
+    validate_request(topology, message_bytes, num_chunks=None, collective=kind)
+    hipipe = HipipePlans(topology, message_bytes, collective=kind)  # one set of MIPs
     chosen = hipipe.plan()
     out = [Candidate(name="hipipe", schedule=chosen)]
     # A K whose plan equals one already kept (often the search's own best) is skipped;
@@ -80,7 +81,7 @@ def tuning_candidates(
     # Every baseline is measured under its own name, even when hipipe found the same plan:
     # the report then answers "how does X do here" for each of them.
     out += [
-        Candidate(name=name, schedule=plan(topology, message_bytes, name, collective=collective))
+        Candidate(name=name, schedule=plan(topology, message_bytes, name, collective=kind))
         for name in baselines
     ]
     return out
