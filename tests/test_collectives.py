@@ -131,6 +131,8 @@ dimensions = st.builds(
 topologies = st.lists(dimensions, min_size=1, max_size=4).map(lambda dims: Topology(dims=tuple(dims)))
 
 
+@pytest.mark.slow
+@pytest.mark.one_process
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(topology=topologies, exponent=st.integers(10, 36), kind=st.sampled_from(HALVES))
 def test_hipipe_never_loses_to_a_baseline_for_rs_and_ag(

@@ -123,6 +123,8 @@ def test_exact_finds_what_hipipe_misses_on_rfs_3d() -> None:
     assert_valid_exact(exact)
 
 
+@pytest.mark.slow
+@pytest.mark.one_process
 def test_time_limit_returns_the_incumbent_with_its_gap() -> None:
     topology = PRESETS["libra-4d"]()
     schedule = plan_exact(topology, 256 * MIB, num_chunks=4, time_limit_s=0.5)
@@ -276,6 +278,8 @@ def test_exact_is_valid_and_never_loses_at_its_k(
     assert schedule.makespan_s >= best_bound_s(topology, message_bytes) * (1 - 1e-6)
 
 
+@pytest.mark.slow
+@pytest.mark.one_process
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     topology=st.lists(dims_strategy, min_size=1, max_size=4).map(lambda d: Topology(dims=tuple(d))),

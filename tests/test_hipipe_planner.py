@@ -253,9 +253,10 @@ def test_hipipe_never_loses_to_a_baseline(topology, message):
     [
         (PRESETS["rfs-3d"](), KIB),
         (PRESETS["libra-4d"](), 64 * GIB),  # 4,096 NPUs, a huge message
-        (
+        pytest.param(
             Topology(dims=tuple(Dimension.make("ring", 2 + k % 3, 10 * (k + 1), 100 * k) for k in range(6))),
             GIB,
+            marks=[pytest.mark.slow, pytest.mark.one_process],  # about 35 s
         ),  # 6 dims: 720 orders in the fluid LP
         (Topology(dims=(Dimension.make("ring", 8, 1000, 0), Dimension.make("switch", 8, 10, 0))), GIB),
         (Topology(dims=(Dimension.make("switch", 16, 5, 0), Dimension.make("ring", 16, 500, 0))), KIB),
@@ -294,7 +295,13 @@ def test_bad_inputs_are_user_errors():
 # -- ablations ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", HIPIPE_PLANNERS)
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(n, marks=[pytest.mark.slow, pytest.mark.one_process]) if n == "hipipe" else n
+        for n in HIPIPE_PLANNERS
+    ],
+)
 def test_ablations_are_registered_and_valid(name):
     spec = PLANNERS[name]
     assert not spec.baseline

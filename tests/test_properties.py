@@ -88,7 +88,14 @@ ZERO_LATENCY_2D = Topology(
 )
 
 
-@pytest.mark.parametrize("planner", list(PLANNERS))
+@pytest.mark.parametrize(
+    "planner",
+    # hipipe's draws take 30-110 s: marked slow so that make test starts it early
+    [
+        pytest.param(name, marks=[pytest.mark.slow, pytest.mark.one_process]) if name == "hipipe" else name
+        for name in PLANNERS
+    ],
+)
 @PROPERTY_SETTINGS
 @given(topology=topologies, message_bytes=message_sizes, num_chunks=chunk_counts)
 @example(topology=ZERO_LATENCY_4D, message_bytes=2**20, num_chunks=None)

@@ -588,6 +588,8 @@ def test_screened_order_ranks_every_neighbour_once_alternating_two_screens():
 POOLED_EXACT_S = 1.325e-3
 
 
+@pytest.mark.slow
+@pytest.mark.one_process
 def test_pooled_multisets_of_four_orders_beat_the_exact_incumbent_on_four_dims():
     topology = _network(27)
     hipipe = plan(topology, 256 * 1024**2, "hipipe", num_chunks=4)
