@@ -773,3 +773,34 @@ def test_bench_rows_are_predicted_on_the_overhead_schedule_run_again_among_them(
     rows, _, none = bench._run_plans(layout, topology, config, (), tmp_path, None)
     assert none is None and overhead_key not in ran[-1]
     assert themis.predicted_s > next(r for r in rows if r.name == THEMIS).predicted_s
+
+
+def test_rows_the_tuner_planned_are_not_planned_again(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``hipipe bench --tune`` hands the rows the tuner's own candidates of the same name and
+    size (planned on the same topology); only the others are planned for the rows."""
+    import hipipe.testbed.bench as bench
+
+    layout = Layout(prefix="hp0000", sizes=SIZES, rates_bits_per_s=RATES)
+    topology = layout.nominal_topology()
+    config = BenchConfig(sizes=SIZES, rates_bits_per_s=RATES, messages_bytes=(MIB,), include_torch=False)
+    tuned_hipipe = plan(topology, MIB, "hipipe", num_chunks=2)  # not what plan() would give the row
+    planned_names: list[str] = []
+
+    def counted_plan(topology: object, message_bytes: int, name: str, **kwargs: object) -> object:
+        planned_names.append(name)
+        return plan(topology, message_bytes, name, **kwargs)  # type: ignore[arg-type]
+
+    def fake_run_tasks(
+        layout: Layout, tasks: Sequence[ScheduleTask], timeouts: object, **_: object
+    ) -> list[RunResult]:
+        return [RunResult(key=t.key, times_s=(1.0,)) for t in tasks]
+
+    monkeypatch.setattr(bench, "plan", counted_plan)
+    monkeypatch.setattr(bench, "run_tasks", fake_run_tasks)
+    planned = {RunKey(planner="hipipe", message_bytes=MIB): tuned_hipipe}
+    rows, _, _ = bench._run_plans(layout, topology, config, (), tmp_path, None, planned=planned)
+    assert [r.name for r in rows] == list(config.planners)
+    assert next(r for r in rows if r.name == "hipipe").schedule is tuned_hipipe
+    assert sorted(planned_names) == sorted(n for n in config.planners if n != "hipipe")

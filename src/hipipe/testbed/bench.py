@@ -111,11 +111,13 @@ def _run_bench(
         if config.calibrate:
             calibration = _calibrate(layout, config, workdir / "calibrate", progress)
             topology = calibration.topology(name=f"testbed-{layout.shape}-calibrated")
-        tuning = _tune(layout, topology, config, workdir / "tune", progress) if config.tune else ()
+        tuning, planned = (
+            _tune(layout, topology, config, workdir / "tune", progress) if config.tune else ((), {})
+        )
         tuned = config.tuned or tuple(entry.schedule for entry in tuning)
         refit_on = calibration if calibration is not None and config.refit_in_rows else None
         rows, panels, in_rows = _run_plans(
-            layout, topology, config, tuned, workdir / "bench", progress, refit=refit_on
+            layout, topology, config, tuned, workdir / "bench", progress, refit=refit_on, planned=planned
         )
     finally:
         netns.down(layout.prefix, state_dir=state_dir)
@@ -262,8 +264,9 @@ def _calibrate(
 
 def _tune(
     layout: Layout, topology: Topology, config: BenchConfig, workdir: Path, progress: ProgressFn | None
-) -> tuple[TunedEntry, ...]:
-    """``hipipe tune`` on this testbed and calibration, one entry per size, before the rows.
+) -> tuple[tuple[TunedEntry, ...], dict[RunKey, Schedule]]:
+    """``hipipe tune`` on this testbed and calibration, one entry per size, before the rows;
+    and the candidates that are rows too (hipipe's own plan, the baselines), by row.
 
     The candidates are hipipe's best few and this run's baselines (not every baseline:
     the others are not rows here, and each costs minutes on a slow testbed). The kept
@@ -293,7 +296,13 @@ def _tune(
     tuned = tune_on_layout(
         layout, topology, configs, baselines=baselines, workdir=workdir, progress=progress, jobs=config.jobs
     )
-    return tuple(entry for entry, _ in tuned)
+    planned = {
+        RunKey(planner=candidate.name, message_bytes=tune_config.message_bytes): candidate.schedule
+        for tune_config, (_, candidates) in zip(configs, tuned, strict=True)
+        for candidate in candidates
+        if candidate.name in config.planners
+    }
+    return tuple(entry for entry, _ in tuned), planned
 
 
 def predicted_on_s(topology: Topology, schedule: Schedule) -> float:
@@ -316,8 +325,13 @@ def _run_plans(
     progress: ProgressFn | None,
     *,
     refit: Calibration | None = None,
+    planned: Mapping[RunKey, Schedule] | None = None,
 ) -> tuple[list[BenchRow], list[tuple[str, Schedule]], Calibration | None]:
     """Plan on ``topology``, run every row, predict each on the calibration it is compared with.
+
+    ``planned``: rows already planned on ``topology`` (the tuner's candidates of the same
+    name and size, :func:`_tune`), taken as they are instead of planned again: a hipipe
+    plan on a calibrated 3-dim testbed takes tens of seconds.
 
     With ``refit`` (the calibration ``topology`` came from) that has an overhead run, the
     overhead schedule runs again as one more task of the rows' jobs, and the rows are
@@ -331,7 +345,10 @@ def _run_plans(
     for message_bytes in config.messages_bytes:
         for name in config.planners:
             key = RunKey(planner=name, message_bytes=message_bytes)
-            schedules[key] = plan(topology, message_bytes, name, collective=config.collective)
+            if planned is not None and key in planned:
+                schedules[key] = planned[key]
+            else:
+                schedules[key] = plan(topology, message_bytes, name, collective=config.collective)
         if message_bytes in tuned:
             schedules[RunKey(planner=TUNED_NAME, message_bytes=message_bytes)] = tuned[message_bytes]
         if config.include_torch:
