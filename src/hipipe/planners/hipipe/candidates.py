@@ -174,9 +174,9 @@ class SearchLog:
     """Every sequence MIP solved for this plan, by all of its inputs; unlike the fields
     above, shared by the logs of the plan's stages and of the plans it re-times
     (:func:`hipipe.planners.hipipe.planner._plan`). Those stages and plans solve many of
-    the same MIPs (on a calibrated 2x2x2 testbed, 21 distinct of 74), and a MIP's answer
-    depends on its inputs alone, so each log still records it as solved: the search takes
-    the same path, without solving it again."""
+    the same MIPs (a plan on a calibrated 2x4 testbed solved 74, 21 of them distinct),
+    and a MIP's answer depends on its inputs alone, so each log still records it as
+    solved: the search takes the same path, without solving it again."""
 
     def floor_s(
         self, topology: Topology, message_bytes: float, num_chunks: int, collective: Collective

@@ -303,9 +303,9 @@ def _small_step(
     previous: Candidate | None,
 ) -> _Step:
     """Every family at ``num_chunks`` (none retired) in a fresh log (sharing the plan's
-    ``floors`` and ``solved_mips``); their results count towards retirement at larger K in ``strikes`` (the
-    plan's log; None: nowhere). Then ``previous`` (the best of K - 1) plus a filler chunk,
-    unless the families reach this K's floor.
+    ``floors`` and ``solved_mips``); their results count towards retirement at larger K in
+    ``strikes`` (the plan's log; None: nowhere). Then ``previous`` (the best of K - 1) plus
+    a filler chunk, unless the families reach this K's floor.
 
     The proven optima at K = 4 are often a (K-1)-chunk pipeline with one small chunk that
     fills its start-up idle time, which neither the families nor the local search build.
