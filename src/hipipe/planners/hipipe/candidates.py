@@ -170,7 +170,7 @@ class SearchLog:
     proven_orders: set[tuple[Order, ...]] = field(default_factory=set)
     """Order multisets (sorted) whose sequence MIP proved its answer optimal for them: no
     deeper MIP of theirs can find more (:func:`.sequence_mip.substitute_orders`)."""
-    solved_mips: dict[tuple[object, ...], "SolvedMip"] = field(default_factory=dict)
+    solved_mips: dict[tuple[object, ...], SolvedMip] = field(default_factory=dict)
     """Every sequence MIP solved for this plan, by all of its inputs; unlike the fields
     above, shared by the logs of the plan's stages and of the plans it re-times
     (:func:`hipipe.planners.hipipe.planner._plan`). Those stages and plans solve many of
