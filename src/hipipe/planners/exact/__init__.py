@@ -3,8 +3,19 @@
 - :mod:`.model` -- variables, rows, MIP starts and decoding
 - :mod:`.first_dims` -- the same MIP split into one per multiset of the chunks' first dims
 - :mod:`.planner` -- limits, seeds, HiGHS, the simulator's re-timing and the checker
+- :mod:`.floor` -- the same MIPs asked whether any schedule beats a given time (a proven floor)
 """
 
+from hipipe.planners.exact.floor import MAX_FLOOR_CHUNKS, FloorProof, prove_floor
 from hipipe.planners.exact.planner import DEFAULT_TIME_LIMIT_S, MAX_CHUNKS, MAX_DIMS, METHODS, plan_exact
 
-__all__ = ["DEFAULT_TIME_LIMIT_S", "MAX_CHUNKS", "MAX_DIMS", "METHODS", "plan_exact"]
+__all__ = [
+    "DEFAULT_TIME_LIMIT_S",
+    "MAX_CHUNKS",
+    "MAX_DIMS",
+    "MAX_FLOOR_CHUNKS",
+    "METHODS",
+    "FloorProof",
+    "plan_exact",
+    "prove_floor",
+]

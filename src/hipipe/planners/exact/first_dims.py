@@ -66,13 +66,15 @@ def solve_by_first_dims(
     floor: float,
     relative_gap: float,
     time_limit_s: float,
+    stop_when_found: bool = False,
 ) -> SplitSolve:
     """Solve the model one first-dim multiset at a time within ``time_limit_s`` in all.
 
     ``incumbent`` is the best known makespan (time units); each multiset's MIP only looks
     for a schedule below it by more than ``relative_gap``. ``floor`` (time units) is a
     lower bound valid for every schedule, used for the multisets the time limit leaves
-    unsolved.
+    unsolved. ``stop_when_found``: return as soon as one schedule below the incumbent is
+    found (a floor proof is then disproved; the multisets left count as open).
     """
     deadline_s = time.perf_counter() + time_limit_s
     multisets = first_dim_multisets(model.topology.num_dims, model.num_chunks, incumbent_first_dims)
@@ -81,7 +83,7 @@ def solve_by_first_dims(
     nodes = settled = 0
     for multiset in multisets:
         remaining_s = deadline_s - time.perf_counter()
-        if remaining_s <= 0:
+        if remaining_s <= 0 or (stop_when_found and best_values is not None):
             open_bounds.append(floor)
             continue
         solver = new_solver(

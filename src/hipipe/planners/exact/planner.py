@@ -81,25 +81,11 @@ def plan_exact(
     ``method`` is one of :data:`METHODS`.
     """
     collective = Collective.parse(collective)
-    if isinstance(message_bytes, bool) or not isinstance(message_bytes, int) or message_bytes <= 0:
-        raise HipipeError(f"message size must be a positive whole number of bytes, got {message_bytes!r}")
     if num_chunks is None:
         raise HipipeError("the exact planner needs a number of chunks (--chunks K)")
-    if num_chunks < 1 or num_chunks > MAX_CHUNKS:
-        raise HipipeError(f"the exact planner handles 1..{MAX_CHUNKS} chunks, got {num_chunks}")
-    if topology.num_dims > MAX_DIMS:
-        raise HipipeError(
-            f"the exact planner handles up to {MAX_DIMS} dimensions, this network has {topology.num_dims}"
-        )
-    if method not in METHODS:
-        raise HipipeError(f"the exact planner's method is one of {', '.join(METHODS)}, got {method!r}")
-    if not (math.isfinite(time_limit_s) and time_limit_s > 0):
-        raise HipipeError(f"the time limit must be a positive number of seconds, got {time_limit_s!r}")
-    if not models_overheads(topology):
-        raise HipipeError(
-            "the exact planner models latency, bandwidth and a per-op cost only; this topology also"
-            f" has calibrated overheads ({topology.overheads.describe()})"
-        )
+    validate_instance(
+        topology, message_bytes, num_chunks, time_limit_s, method, max_chunks_allowed=MAX_CHUNKS
+    )
     started = time.perf_counter()
     seed_schedules = _seed_schedules(topology, message_bytes, num_chunks, collective, seeds)
     seed_time_s = time.perf_counter() - started
@@ -118,7 +104,7 @@ def plan_exact(
         schedule, incumbent = _as_exact(best_seed), best_seed.planner
     else:
         mip_makespan_s = float(solved.values[model.makespan_col]) * model.time_unit_s
-        schedule = _schedule_from(model, solved.values)
+        schedule = schedule_from_values(model, solved.values)
         if abs(schedule.makespan_s - mip_makespan_s) > AGREEMENT_RELATIVE * schedule.makespan_s:
             raise SolverError(
                 f"the exact MIP predicted {mip_makespan_s:.9g} s but the simulator times its plan at "
@@ -154,6 +140,37 @@ def plan_exact(
     return replace(schedule, info=info)
 
 
+def validate_instance(
+    topology: Topology,
+    message_bytes: int,
+    num_chunks: int,
+    time_limit_s: float,
+    method: str,
+    *,
+    max_chunks_allowed: int,
+) -> None:
+    """One-line :class:`HipipeError` for an instance the MIP does not take: a size that is
+    not a positive whole number of bytes, too many chunks or dims, an unknown method, a
+    time limit that is not a positive number, or calibrated overheads the model lacks."""
+    if isinstance(message_bytes, bool) or not isinstance(message_bytes, int) or message_bytes <= 0:
+        raise HipipeError(f"message size must be a positive whole number of bytes, got {message_bytes!r}")
+    if num_chunks < 1 or num_chunks > max_chunks_allowed:
+        raise HipipeError(f"the exact planner handles 1..{max_chunks_allowed} chunks, got {num_chunks}")
+    if topology.num_dims > MAX_DIMS:
+        raise HipipeError(
+            f"the exact planner handles up to {MAX_DIMS} dimensions, this network has {topology.num_dims}"
+        )
+    if method not in METHODS:
+        raise HipipeError(f"the exact planner's method is one of {', '.join(METHODS)}, got {method!r}")
+    if not (math.isfinite(time_limit_s) and time_limit_s > 0):
+        raise HipipeError(f"the time limit must be a positive number of seconds, got {time_limit_s!r}")
+    if not models_overheads(topology):
+        raise HipipeError(
+            "the exact planner models latency, bandwidth and a per-op cost only; this topology also"
+            f" has calibrated overheads ({topology.overheads.describe()})"
+        )
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class _Solved:
     """One method's answer, in the model's time units (the best seed's makespan is 1)."""
@@ -170,7 +187,8 @@ class _Solved:
     """Method-specific ``info`` entries."""
 
 
-def _settings() -> dict[str, Any]:
+def mip_settings() -> dict[str, Any]:
+    """The HiGHS options of every exact MIP: tight gaps and feasibility tolerances."""
     return {
         "mip_rel_gap": MIP_RELATIVE_GAP,
         "mip_abs_gap": MIP_ABSOLUTE_GAP,
@@ -184,7 +202,7 @@ def _solve_whole(
 ) -> _Solved:
     """One MIP over every order, sequence and size, started from every seed that fits
     (``bound_s`` is unused: HiGHS' own dual bound is reported)."""
-    solver = new_solver(model, {**_settings(), "time_limit": float(time_limit_s)})
+    solver = new_solver(model, {**mip_settings(), "time_limit": float(time_limit_s)})
     for seed in sorted(seeds, key=lambda s: -s.makespan_s):
         values = model.values_of(seed)
         if values is not None:
@@ -210,7 +228,7 @@ def _solve_by_first_dims(
     seeds only set that cutoff: a start above it would be no use to a MIP)."""
     split = solve_by_first_dims(
         model,
-        _settings(),
+        mip_settings(),
         incumbent=best_seed.makespan_s / model.time_unit_s,
         incumbent_first_dims=[c.dims_order()[0] for c in best_seed.chunks],
         floor=bound_s / model.time_unit_s,
@@ -272,7 +290,7 @@ def _as_exact(seed: Schedule) -> Schedule:
     )
 
 
-def _schedule_from(model: ExactModel, values: np.ndarray) -> Schedule:
+def schedule_from_values(model: ExactModel, values: np.ndarray) -> Schedule:
     """Re-time the MIP's orders, sizes and per-dim sequences with the simulator."""
     orders, sizes, sequences = model.decode(values)
     chunks = [

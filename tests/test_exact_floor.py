@@ -1,0 +1,156 @@
+"""Proven floors: the exact MIPs asked whether any schedule with at most K chunks beats a time.
+
+Both answers are checked against schedules: just below a proven optimum the floor is
+proven; just above it, the MIPs find a schedule below the floor, and the simulator's
+re-timing agrees. No timing assertions (``benchmarks/optimality.py`` measures them).
+"""
+
+import importlib.util
+import math
+from dataclasses import replace
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from hipipe import Collective, Dimension, Topology, plan
+from hipipe.bounds import pipeline_bound_s
+from hipipe.errors import HipipeError
+from hipipe.overheads import Overheads
+from hipipe.planners.exact import MAX_FLOOR_CHUNKS, plan_exact, prove_floor
+from hipipe.presets import PRESETS
+
+MIB = 1024**2
+
+
+def two_rings() -> Topology:
+    """Ring 2 @ 1 GB/s and ring 4 @ 2 GB/s, 1 us per link."""
+    return Topology(dims=(Dimension.make("ring", 2, 1, 1000), Dimension.make("ring", 4, 2, 1000)))
+
+
+@pytest.mark.parametrize(
+    ("topology", "message", "num_chunks", "collective"),
+    [
+        (two_rings(), 4 * MIB, 3, Collective.ALL_REDUCE),
+        (PRESETS["tpu-2d"](), 16 * MIB, 2, Collective.REDUCE_SCATTER),
+        (PRESETS["rfs-3d"](), 64 * MIB, 2, Collective.ALL_REDUCE),
+    ],
+)
+def test_a_floor_just_below_the_proven_optimum_holds_and_just_above_it_falls(
+    topology: Topology, message: int, num_chunks: int, collective: Collective
+) -> None:
+    optimum = plan_exact(topology, message, num_chunks=num_chunks, collective=collective)
+    assert optimum.info["proven_optimal"]
+    below = prove_floor(
+        topology, message, optimum.makespan_s * (1 - 1e-3), max_chunks=num_chunks, collective=collective
+    )
+    assert below.proven and below.faster_s is None and below.method == "whole"
+    assert below.proven_floor_s is not None and below.proven_floor_s < optimum.makespan_s
+    assert below.settled == below.subproblems == 1
+    above = prove_floor(
+        topology, message, optimum.makespan_s * (1 + 1e-3), max_chunks=num_chunks, collective=collective
+    )
+    assert not above.proven and above.proven_floor_s is None
+    # The schedule it found is below the floor asked about and no faster than the optimum.
+    assert above.faster_s is not None
+    assert optimum.makespan_s * (1 - 1e-6) <= above.faster_s < above.floor_s
+
+
+def test_first_dims_prove_a_five_chunk_floor_on_rfs_3d_that_the_optimum_leaves_open() -> None:
+    """rfs-3d at 256 MiB (AllReduce): no schedule with at most 5 chunks is below T_pipe
+    counting 6 chunks, so that T_pipe is a floor for every K; every first-dim MIP settles."""
+    topology = PRESETS["rfs-3d"]()
+    floor_s = pipeline_bound_s(topology, 256 * MIB, min_chunks=6)
+    proof = prove_floor(topology, 256 * MIB, floor_s, max_chunks=5, time_limit_s=300)
+    assert proof.method == "first-dims"
+    assert proof.proven and proof.faster_s is None
+    assert proof.settled == proof.subproblems == math.comb(5 + 3 - 1, 3 - 1)
+    # The floor is below every schedule the planners make there, whatever their K.
+    for planner, k in (("hipipe", None), ("pipelined", 5), ("pipelined", 32), ("themis", None)):
+        assert plan(topology, 256 * MIB, planner, num_chunks=k).makespan_s >= floor_s
+
+
+def test_first_dims_find_a_schedule_below_a_floor_above_a_known_one_and_stop() -> None:
+    """A floor 1% above the pipelined baseline's 5-chunk plan (rfs-3d at 16 MiB) is false;
+    the first-dim MIPs find a schedule below it, re-timed below it, and stop there."""
+    topology = PRESETS["rfs-3d"]()
+    known = plan(topology, 16 * MIB, "pipelined", num_chunks=5)
+    proof = prove_floor(topology, 16 * MIB, known.makespan_s * 1.01, max_chunks=5, time_limit_s=120)
+    assert proof.method == "first-dims" and not proof.proven
+    assert proof.faster_s is not None and proof.faster_s < proof.floor_s
+    assert proof.settled < proof.subproblems  # it stopped at the first schedule found
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"floor_s": 0.0}, "floor to prove must be a positive number"),
+        ({"floor_s": math.nan}, "floor to prove must be a positive number"),
+        ({"max_chunks": MAX_FLOOR_CHUNKS + 1}, f"handles 1..{MAX_FLOOR_CHUNKS} chunks"),
+        ({"method": "split"}, "method is one of auto, whole, first-dims"),
+        ({"time_limit_s": -1.0}, "time limit must be a positive number"),
+    ],
+)
+def test_floor_errors_are_one_line(kwargs: dict[str, object], fragment: str) -> None:
+    arguments: dict[str, object] = {"floor_s": 1e-3, "max_chunks": 2, **kwargs}
+    floor_s = arguments.pop("floor_s")
+    with pytest.raises(HipipeError, match=fragment) as raised:
+        prove_floor(two_rings(), MIB, floor_s, **arguments)  # type: ignore[arg-type]
+    assert "\n" not in str(raised.value)
+
+
+def test_a_floor_is_refused_on_a_topology_with_calibrated_overheads() -> None:
+    calibrated = replace(two_rings(), overheads=Overheads(handoff_s=1e-5))
+    with pytest.raises(HipipeError, match="calibrated overheads"):
+        prove_floor(calibrated, MIB, 1e-3, max_chunks=2)
+
+
+def _optimality_benchmark() -> ModuleType:
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "optimality.py"
+    spec = importlib.util.spec_from_file_location("optimality_benchmark", path)
+    assert spec is not None and spec.loader is not None
+    benchmark = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(benchmark)
+    return benchmark
+
+
+@pytest.mark.slow
+@pytest.mark.one_process
+def test_the_optimality_benchmark_meets_the_goal_on_rfs_3d_256_mib_with_a_proven_floor() -> None:
+    """The cell missed the goal with K <= 4 (hipipe 1.874 ms, K = 13; floor 1.777 ms, +5.4%);
+    the floor proof at k = 5 makes T_pipe counting 6 chunks a floor for every K."""
+    benchmark = _optimality_benchmark()
+    topology = PRESETS["rfs-3d"]()
+    cell = benchmark.run_cell("rfs-3d", 256 * MIB, 60.0, 40.0, Collective.ALL_REDUCE)
+    k4_floor_s = min(cell["per_k"][4]["dual_bound_s"], pipeline_bound_s(topology, 256 * MIB, min_chunks=5))
+    assert cell["hipipe_s"] > k4_floor_s * 1.05  # missed with K <= 4 alone
+    proof = cell["floor_proof"]
+    assert proof["max_chunks"] == 5 and proof["proven"]
+    assert proof["floor_s"] == pytest.approx(pipeline_bound_s(topology, 256 * MIB, min_chunks=6), rel=1e-12)
+    assert cell["exact_backed_k"] == 5
+    assert cell["exact_backed_bound_s"] == pytest.approx(proof["floor_s"], rel=1e-5)
+    assert cell["bound_goal"] == "within 5% of the exact-backed bound (K <= 5)"
+    assert cell["deeper"] == {}  # met before the deeper exact runs
+    schedules_s = [cell["hipipe_s"]] + [
+        e[key] for e in cell["per_k"].values() for key in ("hipipe_s", "exact_s")
+    ]
+    assert min(schedules_s) >= cell["exact_backed_bound_s"]
+
+
+def test_the_optimality_benchmark_proves_the_floor_before_running_exact_past_k_4() -> None:
+    """hgx-h100-32 at 256 MiB (ReduceScatter) misses the goal with K <= 4; the floor proof
+    at k = 5 settles it, so the exact planner never runs at K = 5 or 6 there."""
+    benchmark = _optimality_benchmark()
+    topology = PRESETS["hgx-h100-32"]()
+    collective = Collective.REDUCE_SCATTER
+    cell = benchmark.run_cell("hgx-h100-32", 256 * MIB, 60.0, 40.0, collective)
+    proof = cell["floor_proof"]
+    assert proof["max_chunks"] == 5 and proof["proven"] and proof["method"] == "whole"
+    assert proof["floor_s"] == pytest.approx(
+        pipeline_bound_s(topology, 256 * MIB, collective, min_chunks=6), rel=1e-12
+    )
+    assert cell["deeper"] == {}
+    assert (
+        cell["exact_backed_k"] == 5 and cell["bound_goal"] == "within 5% of the exact-backed bound (K <= 5)"
+    )
+    assert cell["hipipe_s"] >= cell["exact_backed_bound_s"] and cell["hipipe_vs_exact_backed_bound"] <= 0.05
