@@ -159,9 +159,7 @@ def run_cell(
     _judge(cell, bound_s, floors)
     cell["floor_proof"] = None
     if cell["bound_goal"] == "missed" and floor_time_limit_s > 0:
-        cell["floor_proof"] = _floor_proof(
-            topology, message_bytes, collective, free.makespan_s, floor_time_limit_s
-        )
+        cell["floor_proof"] = _floor_proof(topology, message_bytes, collective, free, floor_time_limit_s)
         proof = cell["floor_proof"]
         if proof is not None and proof["proven"]:
             floors[proof["max_chunks"]] = max(floors.get(proof["max_chunks"]) or 0.0, proof["proven_floor_s"])
@@ -193,16 +191,19 @@ def run_cell(
 
 
 def _floor_proof(
-    topology: Topology, message_bytes: int, collective: Collective, hipipe_s: float, time_limit_s: float
+    topology: Topology, message_bytes: int, collective: Collective, hipipe: Schedule, time_limit_s: float
 ) -> dict[str, Any] | None:
     """Ask the exact MIPs whether any schedule with at most k chunks beats ``T_pipe`` counting
     k + 1 chunks, for the smallest k (past K = 4, up to ``MAX_FLOOR_CHUNKS``) whose ``T_pipe``
     is within the goal of hipipe: a proof makes it a floor for every K. None where no k up to
-    the limit has such a ``T_pipe`` (the proof could not meet the goal)."""
+    the limit has such a ``T_pipe`` (the proof could not meet the goal), or where hipipe's own
+    plan has at most k chunks and is already below it (the answer is known: no)."""
     for k in range(max(CHUNK_COUNTS) + 1, MAX_FLOOR_CHUNKS + 1):
         target_s = pipeline_bound_s(topology, message_bytes, collective, min_chunks=k + 1)
-        if target_s * (1 + BOUND_GOAL) < hipipe_s:
+        if target_s * (1 + BOUND_GOAL) < hipipe.makespan_s:
             continue
+        if hipipe.num_chunks <= k and hipipe.makespan_s < target_s:
+            return None
         proof = prove_floor(
             topology, message_bytes, target_s, max_chunks=k, collective=collective, time_limit_s=time_limit_s
         )

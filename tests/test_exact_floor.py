@@ -154,3 +154,14 @@ def test_the_optimality_benchmark_proves_the_floor_before_running_exact_past_k_4
         cell["exact_backed_k"] == 5 and cell["bound_goal"] == "within 5% of the exact-backed bound (K <= 5)"
     )
     assert cell["hipipe_s"] >= cell["exact_backed_bound_s"] and cell["hipipe_vs_exact_backed_bound"] <= 0.05
+
+
+def test_the_optimality_benchmark_asks_no_floor_that_hipipes_own_plan_answers() -> None:
+    """rfs-3d at 16 MiB: T_pipe counting 6 chunks (0.1755 ms) would meet the goal, but a
+    hipipe plan with at most 5 chunks is already below it, so there is nothing to prove."""
+    benchmark = _optimality_benchmark()
+    topology = PRESETS["rfs-3d"]()
+    four = plan(topology, 16 * MIB, "hipipe", num_chunks=4)
+    assert four.num_chunks <= 5
+    assert four.makespan_s < pipeline_bound_s(topology, 16 * MIB, min_chunks=6)
+    assert benchmark._floor_proof(topology, 16 * MIB, Collective.ALL_REDUCE, four, 60.0) is None
