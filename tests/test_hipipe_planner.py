@@ -225,15 +225,16 @@ dimensions = st.builds(
     bandwidth_gbps=st.floats(1, 500),
     latency_ns=st.one_of(st.just(0.0), st.floats(0, 5000)),
 )
-topologies = st.lists(dimensions, min_size=1, max_size=4).map(lambda dims: Topology(dims=tuple(dims)))
 messages = st.integers(10, 36).map(lambda exponent: 2**exponent)
 
 
-@pytest.mark.slow
-@pytest.mark.one_process
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(topology=topologies, message=messages)
-def test_hipipe_never_loses_to_a_baseline(topology, message):
+def topologies(min_dims: int, max_dims: int) -> st.SearchStrategy[Topology]:
+    return st.lists(dimensions, min_size=min_dims, max_size=max_dims).map(
+        lambda dims: Topology(dims=tuple(dims))
+    )
+
+
+def assert_never_loses(topology: Topology, message: int) -> None:
     schedule = plan(topology, message, "hipipe")
     assert_valid(schedule, message)
     for name in BASELINES:
@@ -243,6 +244,34 @@ def test_hipipe_never_loses_to_a_baseline(topology, message):
     assert schedule.makespan_s >= latency_aware_bound_s(topology, message) * (1 - 1e-9)
     if schedule.num_chunks >= 2:
         assert schedule.makespan_s >= chunked_bound_s(topology, message, schedule.num_chunks) * (1 - 1e-9)
+
+
+# Sixty networks in three tests by number of dims, so the two workers of `make test` share
+# them: one test of all sixty took 38-321 s by its draws, on one worker.
+
+
+@pytest.mark.slow
+@pytest.mark.one_process
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(topology=topologies(1, 2), message=messages)
+def test_hipipe_never_loses_to_a_baseline_on_one_or_two_dims(topology, message):
+    assert_never_loses(topology, message)
+
+
+@pytest.mark.slow
+@pytest.mark.one_process
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(topology=topologies(3, 3), message=messages)
+def test_hipipe_never_loses_to_a_baseline_on_three_dims(topology, message):
+    assert_never_loses(topology, message)
+
+
+@pytest.mark.slow
+@pytest.mark.one_process
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(topology=topologies(4, 4), message=messages)
+def test_hipipe_never_loses_to_a_baseline_on_four_dims(topology, message):
+    assert_never_loses(topology, message)
 
 
 # -- robustness --------------------------------------------------------------------------
