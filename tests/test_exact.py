@@ -339,13 +339,17 @@ def test_no_enumerated_two_chunk_schedule_beats_the_proven_optimum() -> None:
     assert exact.makespan_s <= best_s * (1 + 1e-9)
 
 
+@pytest.mark.parametrize("symmetry", ["size", "sequence"])
 @pytest.mark.parametrize("collective", list(Collective))
 @pytest.mark.parametrize("seed", range(6))
-def test_every_schedule_satisfies_every_row_of_the_model(collective: Collective, seed: int) -> None:
+def test_every_schedule_satisfies_every_row_of_the_model(
+    collective: Collective, seed: int, symmetry: str
+) -> None:
     # The cuts and symmetry rows must only remove fractional points or duplicates: any real
     # schedule (random orders, sizes and sequences) written as MIP values satisfies every
     # row. A row that forbids a real schedule would let the MIP "prove" a makespan some
     # schedule beats (the symmetry row ordering sizes the wrong way round fails all 18).
+    # Every third trial gives two chunks the same order, so both symmetries' rows bind.
     import random
 
     from hipipe.planners.exact.model import ExactModel
@@ -363,14 +367,20 @@ def test_every_schedule_satisfies_every_row_of_the_model(collective: Collective,
     for trial in range(8):
         weights = [rng.random() + 0.05 for _ in range(num_chunks)]
         chunks = []
+        shared = list(range(topology.num_dims))
+        rng.shuffle(shared)
         for j, weight in enumerate(weights):
             order = list(range(topology.num_dims))
             rng.shuffle(order)
+            if trial % 3 == 0 and j < 2:
+                order = list(shared)
             size = message * weight / sum(weights)
             chunks.append(Chunk(index=j, size_bytes=size, order=tuple((k,) for k in order)))
         policy = (Policy.FIFO, Policy.SCF)[trial % 2]
         schedule = simulate_chunks(topology, message, chunks, policy=policy, collective=collective)
-        model = ExactModel(topology, message, num_chunks, collective, time_unit_s=schedule.makespan_s)
+        model = ExactModel(
+            topology, message, num_chunks, collective, time_unit_s=schedule.makespan_s, symmetry=symmetry
+        )
         values = model.values_of(schedule)
         assert values is not None
         rows = model.rows()
@@ -455,6 +465,44 @@ def test_first_dim_multisets_are_every_sorted_assignment_the_incumbents_first() 
     # Two chunks used of four: the unused two take the last dim, which any order fits.
     assert multisets[0] == (0, 2, 2, 2)
     assert sorted(multisets) == list(itertools.combinations_with_replacement(range(3), 4))
+
+
+@pytest.mark.parametrize(("num_dims", "num_chunks"), [(3, 3), (3, 5), (4, 3)])
+def test_refining_first_dims_by_the_next_dim_reaches_every_sorted_tuple_of_orders_once(
+    num_dims: int, num_chunks: int
+) -> None:
+    """Split every first-dim multiset down to full orders: the leaves are exactly the sorted
+    K-tuples of orders (what the symmetry rows leave of every schedule, unused chunks taking
+    the last order), each reached once, and every level stays sorted."""
+    from hipipe.planners.exact.first_dims import first_dim_multisets, refinements
+
+    leaves: list[tuple[tuple[int, ...], ...]] = []
+
+    def descend(prefixes: tuple[tuple[int, ...], ...]) -> None:
+        assert list(prefixes) == sorted(prefixes)
+        if len(prefixes[0]) == num_dims - 1:
+            leaves.append(prefixes)
+            return
+        children = refinements(prefixes, num_dims)
+        assert len(children) == len(set(children))
+        for child in children:
+            assert all(c[: len(p)] == p for c, p in zip(child, prefixes, strict=True))
+            descend(child)
+
+    for multiset in first_dim_multisets(num_dims, num_chunks):
+        descend(tuple((dim,) for dim in multiset))
+    orders = list(itertools.permutations(range(num_dims)))
+    expected = {
+        tuple(order[:-1] for order in combo)
+        for combo in itertools.combinations_with_replacement(orders, num_chunks)
+    }
+    assert (
+        len(leaves)
+        == len(set(leaves))
+        == len(expected)
+        == math.comb(len(orders) + num_chunks - 1, num_chunks)
+    )
+    assert set(leaves) == expected
 
 
 @pytest.mark.parametrize(

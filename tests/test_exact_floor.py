@@ -70,6 +70,18 @@ def test_first_dims_prove_a_five_chunk_floor_on_rfs_3d_that_the_optimum_leaves_o
         assert plan(topology, 256 * MIB, planner, num_chunks=k).makespan_s >= floor_s
 
 
+def test_first_dims_split_further_by_the_next_dim_prove_the_same_floor() -> None:
+    """The rfs-3d proof above with every first-dim MIP cut short (50 ms): the ones left open
+    are split by their chunks' second dims (full orders on 3 dims) and the floor is still
+    proven; a region counts once, as settled or as split."""
+    topology = PRESETS["rfs-3d"]()
+    floor_s = pipeline_bound_s(topology, 256 * MIB, min_chunks=6)
+    proof = prove_floor(topology, 256 * MIB, floor_s, max_chunks=5, time_limit_s=300, refine_after_s=0.05)
+    assert proof.proven and proof.faster_s is None
+    assert proof.refined > 0 and proof.settled + proof.refined == proof.subproblems
+    assert proof.subproblems > math.comb(5 + 3 - 1, 3 - 1)
+
+
 def test_first_dims_find_a_schedule_below_a_floor_above_a_known_one_and_stop() -> None:
     """A floor 1% above the pipelined baseline's 5-chunk plan (rfs-3d at 16 MiB) is false;
     the first-dim MIPs find a schedule below it, re-timed below it, and stop there."""
@@ -79,6 +91,11 @@ def test_first_dims_find_a_schedule_below_a_floor_above_a_known_one_and_stop() -
     assert proof.method == "first-dims" and not proof.proven
     assert proof.faster_s is not None and proof.faster_s < proof.floor_s
     assert proof.settled < proof.subproblems  # it stopped at the first schedule found
+    # Split further, the same: a schedule below the floor, found in a second-dim MIP or before.
+    refined = prove_floor(
+        topology, 16 * MIB, known.makespan_s * 1.01, max_chunks=5, time_limit_s=120, refine_after_s=0.05
+    )
+    assert not refined.proven and refined.faster_s is not None and refined.faster_s < refined.floor_s
 
 
 @pytest.mark.parametrize(
@@ -88,6 +105,7 @@ def test_first_dims_find_a_schedule_below_a_floor_above_a_known_one_and_stop() -
         ({"floor_s": math.nan}, "floor to prove must be a positive number"),
         ({"max_chunks": MAX_FLOOR_CHUNKS + 1}, f"handles 1..{MAX_FLOOR_CHUNKS} chunks"),
         ({"method": "split"}, "method is one of auto, whole, first-dims"),
+        ({"refine_after_s": 0.0}, "refine_after_s must be a positive number of seconds or None"),
         ({"time_limit_s": -1.0}, "time limit must be a positive number"),
     ],
 )

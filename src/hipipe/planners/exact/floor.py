@@ -12,6 +12,10 @@ answer is "no" and the MIPs often end at the root. Measured on the 2-core host
 libra-4d at 256 MiB, at most 5 chunks below 1.5314 ms, 53 of 56 multisets settled within
 60 s each.
 
+The proof's MIPs tell chunks sharing an order apart by when they run (the model's
+``sequence`` symmetry), and a first-dim MIP still open after :data:`REFINE_AFTER_S` is split
+by the next dim of the orders (:func:`~hipipe.planners.exact.first_dims.refinements`).
+
 With :func:`hipipe.bounds.pipeline_bound_s` counting ``K + 1`` chunks, a proven floor at
 most K bounds every schedule: it has at most K chunks (at least X) or more (at least that
 ``T_pipe``).
@@ -42,6 +46,10 @@ MAX_FLOOR_CHUNKS = 8
 :data:`~hipipe.planners.exact.planner.MAX_CHUNKS`; beyond 8 the sequencing binaries
 (``K (2K - 1)`` pairs per dim for AllReduce) make even the root relaxations slow."""
 
+REFINE_AFTER_S = 30.0
+"""How long a first-dim (or longer-prefix) MIP of a floor proof runs before it is split by
+the next dim of the orders; fully fixed orders run until the overall limit."""
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class FloorProof:
@@ -57,9 +65,12 @@ class FloorProof:
     """A schedule the MIPs found below ``floor_s``, re-timed by the simulator (the floor is
     then disproved), or None."""
     method: str
-    """``whole`` (one MIP) or ``first-dims`` (one per multiset of the chunks' first dims)."""
+    """``whole`` (one MIP) or ``first-dims`` (one per multiset of the chunks' first dims,
+    refined by longer order prefixes where one stays open)."""
     subproblems: int
     settled: int
+    refined: int
+    """Subproblems split into longer order prefixes (``first-dims`` only)."""
     nodes: int
     solve_s: float
 
@@ -79,19 +90,27 @@ def prove_floor(
     collective: Collective | str = Collective.ALL_REDUCE,
     time_limit_s: float = DEFAULT_TIME_LIMIT_S,
     method: str = "auto",
+    refine_after_s: float | None = REFINE_AFTER_S,
 ) -> FloorProof:
     """Prove, within ``time_limit_s``, that no hierarchical schedule with at most
     ``max_chunks`` chunks (single-dim ops, one op per dim at a time) finishes before
     ``floor_s``; or find one that does. ``method`` as for the exact planner (``auto``:
-    first-dims from five chunks on 3-4 dims)."""
+    first-dims from five chunks on 3-4 dims); ``refine_after_s``: how long a first-dims
+    subproblem runs before it is split further (None: never split)."""
     collective = Collective.parse(collective)
     validate_instance(
         topology, message_bytes, max_chunks, time_limit_s, method, max_chunks_allowed=MAX_FLOOR_CHUNKS
     )
     if not (floor_s > 0 and math.isfinite(floor_s)):
         raise HipipeError(f"the floor to prove must be a positive number of seconds, got {floor_s!r}")
+    if refine_after_s is not None and not (refine_after_s > 0 and math.isfinite(refine_after_s)):
+        raise HipipeError(
+            f"refine_after_s must be a positive number of seconds or None, got {refine_after_s!r}"
+        )
     started = time.perf_counter()
-    model = ExactModel(topology, message_bytes, max_chunks, collective, time_unit_s=floor_s)
+    model = ExactModel(
+        topology, message_bytes, max_chunks, collective, time_unit_s=floor_s, symmetry="sequence"
+    )
     if method == "auto":
         method = "first-dims" if max_chunks >= SPLIT_FROM_CHUNKS and topology.num_dims >= 3 else "whole"
     # One schedule below the floor disproves it: each MIP stops at the first one it finds.
@@ -106,8 +125,10 @@ def prove_floor(
             relative_gap=0.0,
             time_limit_s=time_limit_s,
             stop_when_found=True,
+            refine_after_s=refine_after_s,
         )
         values, subproblems, settled, nodes = split.values, split.subproblems, split.settled, split.nodes
+        refined = split.refined
         proven = split.proven and values is None
     else:
         solver = new_solver(model, {**settings, "time_limit": float(time_limit_s), "objective_bound": 1.0})
@@ -119,7 +140,7 @@ def prove_floor(
         if values is not None and float(values[model.makespan_col]) >= 1.0:
             values = None  # a schedule at the floor itself does not disprove it
         settled = int(status in (highspy.HighsModelStatus.kOptimal, highspy.HighsModelStatus.kInfeasible))
-        subproblems, nodes = 1, int(info.mip_node_count)
+        subproblems, nodes, refined = 1, int(info.mip_node_count), 0
         proven = bool(settled) and values is None
     faster_s = None if values is None else schedule_from_values(model, values).makespan_s
     return FloorProof(
@@ -130,6 +151,7 @@ def prove_floor(
         method=method,
         subproblems=subproblems,
         settled=settled,
+        refined=refined,
         nodes=nodes,
         solve_s=time.perf_counter() - started,
     )

@@ -27,7 +27,16 @@ in the relaxation where the big-M chain rows do not). On the held-out networks o
 (ReduceScatter, K = 2..4, 60 s) they proved an instance the model without them left at a
 20% gap (#6: 29.6 s) and took the MIP of #8 from 3.7 to 1.5 s; libra-4d at 1 GiB, K = 4:
 36 to 18 s. Symmetry: chunks are interchangeable, so used chunks come
-first, sorted by order index, then by decreasing size within an order.
+first, sorted by order index, then (``symmetry="size"``) by decreasing size within an
+order, or (``symmetry="sequence"``) by when their first op runs on its dim within an order.
+
+Why two ways to break the same symmetry: by size is what the planners' MIP starts fit
+(:meth:`ExactModel.values_of` sorts by size) and what the exact planner was measured with.
+By sequence fixes sequencing binaries outright, so branch-and-bound never visits the
+permutations of chunks that share an order, and the floor proofs, which hold most chunks
+on a few orders, are where that counts: libra-4d at 256 MiB (AllReduce, K = 5, nothing
+below 1.5314 ms), four chunks in order (0, 1, 2, 3) and one in (1, 0, 2, 3): settled in
+4.2 s by sequence, 35.7 s by size.
 """
 
 import itertools
@@ -40,10 +49,14 @@ import numpy as np
 
 from hipipe.bounds import new_highs
 from hipipe.cost import op_time_coefficients
-from hipipe.schedule import Collective, Phase, Schedule
+from hipipe.schedule import Chunk, Collective, Phase, Schedule
 from hipipe.topology import Topology
 
 Order = tuple[int, ...]
+
+SYMMETRIES: tuple[str, ...] = ("size", "sequence")
+"""How chunks sharing an order are told apart: by decreasing size, or by the start order
+of their first-phase op on their first dim."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -87,7 +100,11 @@ class ExactModel:
         collective: Collective,
         *,
         time_unit_s: float,
+        symmetry: str = "size",
     ) -> None:
+        if symmetry not in SYMMETRIES:
+            raise ValueError(f"symmetry must be one of {', '.join(SYMMETRIES)}, got {symmetry!r}")
+        self.symmetry = symmetry
         self.topology = topology
         self.message_bytes = message_bytes
         self.num_chunks = num_chunks
@@ -285,17 +302,31 @@ class ExactModel:
             builder.add(_combine(_combine(ends, self.duration_terms(op), -1.0), tail, -1.0), -slack, math.inf)
 
     def _symmetry_rows(self, builder: "RowBuilder") -> None:
-        """Used chunks first, by order index, larger first within an order."""
+        """Used chunks first, by order index, then within an order larger first
+        (``size``) or first on the order's first dim first (``sequence``)."""
         num_orders = len(self.orders)
+        pair_column = {pair: self.x0 + i for i, pair in enumerate(self.pairs)}
         for j in range(self.num_chunks - 1):
             builder.add({self.u0 + j: 1.0, self.u0 + j + 1: -1.0}, 0.0, math.inf)
             index_gap = {self.y(j + 1, p): float(p) for p in range(num_orders)}
             index_gap = _combine(index_gap, {self.y(j, p): float(p) for p in range(num_orders)}, -1.0)
             # idx_{j+1} - idx_j + P (1 - u_{j+1}) >= 0
             builder.add({**index_gap, self.u0 + j + 1: -float(num_orders)}, -float(num_orders), math.inf)
-            # s_j - s_{j+1} + (idx_{j+1} - idx_j) + P (1 - u_{j+1}) >= 0
-            terms = _combine({self.s0 + j: 1.0, self.s0 + j + 1: -1.0}, index_gap, 1.0)
-            builder.add({**terms, self.u0 + j + 1: -float(num_orders)}, -float(num_orders), math.inf)
+            if self.symmetry == "size":
+                # s_j - s_{j+1} + (idx_{j+1} - idx_j) + P (1 - u_{j+1}) >= 0
+                terms = _combine({self.s0 + j: 1.0, self.s0 + j + 1: -1.0}, index_gap, 1.0)
+                builder.add({**terms, self.u0 + j + 1: -float(num_orders)}, -float(num_orders), math.inf)
+                continue
+            for p, order in enumerate(self.orders):
+                # Both in order p: j's phase-0 op on order[0] runs before j + 1's,
+                # x - y_jp - y_(j+1)p >= -1. (Relabelling such chunks by that start order
+                # keeps every other row, so no schedule is lost; an unused chunk's ops
+                # take no time and may sit at the makespan.)
+                a = OpKey(chunk=j, phase=0, dim=order[0])
+                b = OpKey(chunk=j + 1, phase=0, dim=order[0])
+                builder.add(
+                    {pair_column[(a, b)]: 1.0, self.y(j, p): -1.0, self.y(j + 1, p): -1.0}, -1.0, math.inf
+                )
 
     # -- translation -----------------------------------------------------------------
 
@@ -310,7 +341,20 @@ class ExactModel:
         if any(sorted(c.order) != [(k,) for k in range(num_dims)] for c in schedule.chunks):
             return None
         order_index = {order: p for p, order in enumerate(self.orders)}
-        chunks = sorted(schedule.chunks, key=lambda c: (order_index[c.dims_order()], -c.size_bytes))
+        first_phase = self.phases[0]
+
+        def symmetry_key(chunk: Chunk) -> float:
+            """Size (larger first) or the start of the first-phase op on the first dim."""
+            if self.symmetry == "size":
+                return -chunk.size_bytes
+            first_dim = chunk.dims_order()[0]
+            return next(
+                op.start_s
+                for op in schedule.chunk_ops(chunk.index)
+                if op.phase is first_phase and op.dims[0] == first_dim
+            )
+
+        chunks = sorted(schedule.chunks, key=lambda c: (order_index[c.dims_order()], symmetry_key(c)))
         values = np.zeros(self.num_cols)
         start_of: dict[OpKey, float] = {}
         position: dict[OpKey, tuple[int, int]] = {}
@@ -446,7 +490,13 @@ def new_solver(model: ExactModel, settings: dict[str, Any]) -> Any:
 def hold_first_dims(solver: Any, model: ExactModel, first_dims: Sequence[int]) -> None:
     """Hold chunk j of ``solver``'s model to orders starting on ``first_dims[j]`` (sorted, as
     the model's symmetry rows order chunks by order index)."""
-    for j, first in enumerate(first_dims):
+    hold_order_prefixes(solver, model, [(first,) for first in first_dims])
+
+
+def hold_order_prefixes(solver: Any, model: ExactModel, prefixes: Sequence[Order]) -> None:
+    """Hold chunk j of ``solver``'s model to orders beginning with ``prefixes[j]`` (sorted,
+    as the model's symmetry rows order chunks by order index)."""
+    for j, prefix in enumerate(prefixes):
         for p, order in enumerate(model.orders):
-            if order[0] != first:
+            if order[: len(prefix)] != tuple(prefix):
                 solver.changeColBounds(model.y(j, p), 0.0, 0.0)
