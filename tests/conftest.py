@@ -1,7 +1,10 @@
-"""Shared pytest hooks: a failed multi-process test shows the logs its processes left."""
+"""Shared pytest hooks: a failed multi-process test shows the logs its processes left; and
+the optimality benchmark script as a fixture."""
 
+import importlib.util
 from collections.abc import Generator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -47,3 +50,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         tails = log_tails(tmp_path)
         if tails:
             report.sections.append(("logs under tmp_path", tails))
+
+
+@pytest.fixture(scope="session")
+def optimality_benchmark() -> ModuleType:
+    """``benchmarks/optimality.py`` as a module (it is a script, not part of the package)."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "optimality.py"
+    spec = importlib.util.spec_from_file_location("optimality_benchmark", path)
+    assert spec is not None and spec.loader is not None
+    benchmark = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(benchmark)
+    return benchmark

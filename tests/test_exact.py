@@ -392,23 +392,12 @@ def test_every_schedule_satisfies_every_row_of_the_model(
     assert checked == 8
 
 
-def _optimality_benchmark() -> ModuleType:
-    """``benchmarks/optimality.py`` as a module (it is a script, not part of the package)."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "optimality.py"
-    spec = importlib.util.spec_from_file_location("optimality_benchmark", path)
-    assert spec is not None and spec.loader is not None
-    benchmark = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(benchmark)
-    return benchmark
-
-
-def test_optimality_benchmark_compares_the_collective_it_is_asked_for() -> None:
+def test_optimality_benchmark_compares_the_collective_it_is_asked_for(
+    optimality_benchmark: ModuleType,
+) -> None:
     """``benchmarks/optimality.py --collective reduce_scatter`` plans, solves and bounds
     ReduceScatter throughout (on three small generated instances of seed 31)."""
-    benchmark = _optimality_benchmark()
+    benchmark = optimality_benchmark
     collective = Collective.REDUCE_SCATTER
     entries = benchmark.run_generated(3, 31, 30.0, 30.0, collective)
     instances = benchmark.generated_instances(3, 31)
@@ -422,13 +411,15 @@ def test_optimality_benchmark_compares_the_collective_it_is_asked_for() -> None:
         assert entry["exact_s"] >= best_bound_s(topology, message, collective) * (1 - REL_TOL)
 
 
-def test_the_optimality_benchmark_proves_a_larger_k_for_a_floor_where_k_4_misses_the_goal() -> None:
+def test_the_optimality_benchmark_proves_a_larger_k_for_a_floor_where_k_4_misses_the_goal(
+    optimality_benchmark: ModuleType,
+) -> None:
     """hgx-h100-32 at 256 MiB (ReduceScatter): hipipe plans 8 chunks at 0.6746 ms; the floor
     from exact at K = 4 (min(its dual bound, T_pipe counting 5 chunks)) is 0.6378 ms, 5.8%
     below. Exact proves K = 5 in about a second, and min(its optimum, T_pipe counting 6
     chunks) is a floor for every K that hipipe is within 5% of. The floor proof (which
     reaches the same floor first, ``tests/test_exact_floor.py``) is turned off here."""
-    benchmark = _optimality_benchmark()
+    benchmark = optimality_benchmark
     collective = Collective.REDUCE_SCATTER
     topology = PRESETS["hgx-h100-32"]()
     message = 256 * MIB

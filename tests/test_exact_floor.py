@@ -5,10 +5,8 @@ proven; just above it, the MIPs find a schedule below the floor, and the simulat
 re-timing agrees. No timing assertions (``benchmarks/optimality.py`` measures them).
 """
 
-import importlib.util
 import math
 from dataclasses import replace
-from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -123,21 +121,14 @@ def test_a_floor_is_refused_on_a_topology_with_calibrated_overheads() -> None:
         prove_floor(calibrated, MIB, 1e-3, max_chunks=2)
 
 
-def _optimality_benchmark() -> ModuleType:
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "optimality.py"
-    spec = importlib.util.spec_from_file_location("optimality_benchmark", path)
-    assert spec is not None and spec.loader is not None
-    benchmark = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(benchmark)
-    return benchmark
-
-
 @pytest.mark.slow
 @pytest.mark.one_process
-def test_the_optimality_benchmark_meets_the_goal_on_rfs_3d_256_mib_with_a_proven_floor() -> None:
+def test_the_optimality_benchmark_meets_the_goal_on_rfs_3d_256_mib_with_a_proven_floor(
+    optimality_benchmark: ModuleType,
+) -> None:
     """The cell missed the goal with K <= 4 (hipipe 1.874 ms, K = 13; floor 1.777 ms, +5.4%);
     the floor proof at k = 5 makes T_pipe counting 6 chunks a floor for every K."""
-    benchmark = _optimality_benchmark()
+    benchmark = optimality_benchmark
     topology = PRESETS["rfs-3d"]()
     cell = benchmark.run_cell("rfs-3d", 256 * MIB, 60.0, 40.0, Collective.ALL_REDUCE)
     k4_floor_s = min(cell["per_k"][4]["dual_bound_s"], pipeline_bound_s(topology, 256 * MIB, min_chunks=5))
@@ -157,10 +148,12 @@ def test_the_optimality_benchmark_meets_the_goal_on_rfs_3d_256_mib_with_a_proven
     assert min(schedules_s) >= cell["exact_backed_bound_s"]
 
 
-def test_the_optimality_benchmark_proves_the_floor_before_running_exact_past_k_4() -> None:
+def test_the_optimality_benchmark_proves_the_floor_before_running_exact_past_k_4(
+    optimality_benchmark: ModuleType,
+) -> None:
     """hgx-h100-32 at 256 MiB (ReduceScatter) misses the goal with K <= 4; the floor proof
     at k = 5 settles it, so the exact planner never runs at K = 5 or 6 there."""
-    benchmark = _optimality_benchmark()
+    benchmark = optimality_benchmark
     topology = PRESETS["hgx-h100-32"]()
     collective = Collective.REDUCE_SCATTER
     cell = benchmark.run_cell("hgx-h100-32", 256 * MIB, 60.0, 40.0, collective)
@@ -176,11 +169,11 @@ def test_the_optimality_benchmark_proves_the_floor_before_running_exact_past_k_4
     assert cell["hipipe_s"] >= cell["exact_backed_bound_s"] and cell["hipipe_vs_exact_backed_bound"] <= 0.05
 
 
-def test_the_optimality_benchmark_asks_the_floor_the_goal_needs() -> None:
+def test_the_optimality_benchmark_asks_the_floor_the_goal_needs(optimality_benchmark: ModuleType) -> None:
     """rfs-3d at 16 MiB: hipipe's plan (5 chunks) less the 5% goal is below T_pipe counting 6
     chunks (0.1755 ms, above hipipe itself), so the proof asks that lower floor, at k = 5:
     "does any schedule with at most 5 chunks beat hipipe by more than 5%?"."""
-    benchmark = _optimality_benchmark()
+    benchmark = optimality_benchmark
     topology = PRESETS["rfs-3d"]()
     hipipe = plan(topology, 16 * MIB, "hipipe")
     many_s = pipeline_bound_s(topology, 16 * MIB, min_chunks=6)
