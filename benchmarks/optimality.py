@@ -114,6 +114,8 @@ def run_cell(
     collective: Collective = Collective.ALL_REDUCE,
     deeper_time_limit_s: float = DEEPER_TIME_LIMIT_S,
     floor_time_limit_s: float = FLOOR_TIME_LIMIT_S,
+    floor_jobs: int = 1,
+    floor_leaf_time_limit_s: float | None = None,
 ) -> dict[str, Any]:
     topology = PRESETS[preset]()
     free = plan(topology, message_bytes, "hipipe", collective=collective)
@@ -162,7 +164,15 @@ def run_cell(
     _judge(cell, bound_s, floors)
     cell["floor_proof"] = None
     if cell["bound_goal"] == "missed" and floor_time_limit_s > 0:
-        cell["floor_proof"] = _floor_proof(topology, message_bytes, collective, free, floor_time_limit_s)
+        cell["floor_proof"] = _floor_proof(
+            topology,
+            message_bytes,
+            collective,
+            free,
+            floor_time_limit_s,
+            jobs=floor_jobs,
+            leaf_time_limit_s=floor_leaf_time_limit_s,
+        )
         proof = cell["floor_proof"]
         if proof is not None and proof["proven"]:
             proven_s = _floor_s(proof["proven_floor_s"], proof["many_s"])
@@ -195,7 +205,14 @@ def run_cell(
 
 
 def _floor_proof(
-    topology: Topology, message_bytes: int, collective: Collective, hipipe: Schedule, time_limit_s: float
+    topology: Topology,
+    message_bytes: int,
+    collective: Collective,
+    hipipe: Schedule,
+    time_limit_s: float,
+    *,
+    jobs: int = 1,
+    leaf_time_limit_s: float | None = None,
 ) -> dict[str, Any] | None:
     """Ask the exact MIPs whether any schedule with at most k chunks beats the floor the goal
     needs, for the smallest k (past K = 4, up to ``MAX_FLOOR_CHUNKS``) whose ``T_pipe``
@@ -211,7 +228,14 @@ def _floor_proof(
         # A hair above hipipe / 1.05, so the proven floor (less the MIP gap) still meets it.
         target_s = min(many_s, hipipe.makespan_s / (1 + BOUND_GOAL) * (1 + FLOOR_MARGIN))
         proof = prove_floor(
-            topology, message_bytes, target_s, max_chunks=k, collective=collective, time_limit_s=time_limit_s
+            topology,
+            message_bytes,
+            target_s,
+            max_chunks=k,
+            collective=collective,
+            time_limit_s=time_limit_s,
+            leaf_time_limit_s=leaf_time_limit_s,
+            jobs=jobs,
         )
         return {
             "max_chunks": k,
@@ -225,9 +249,12 @@ def _floor_proof(
             "subproblems": proof.subproblems,
             "settled": proof.settled,
             "refined": proof.refined,
+            "timed_out": proof.timed_out,
             "nodes": proof.nodes,
             "solve_s": proof.solve_s,
             "time_limit_s": time_limit_s,
+            "leaf_time_limit_s": leaf_time_limit_s,
+            "jobs": jobs,
         }
     return None
 
@@ -494,8 +521,8 @@ def floor_proof_text(cells: list[dict[str, Any]]) -> list[str]:
             f"- {cell['preset']} {_size(cell['message_bytes'])}: no schedule with at most {proof['max_chunks']}"
             f" chunks below {_ms(proof['floor_s'])} ms ({_floor_asked(proof)}): {answer};"
             f" {proof['settled']} of {proof['subproblems']} MIPs settled, {proof.get('refined', 0)} split by"
-            f" the next dim ({proof['method']}, {proof['nodes']} nodes,"
-            f" {proof['solve_s']:.1f} s); hipipe {_ms(cell['hipipe_s'])} ms (K={cell['hipipe_num_chunks']})"
+            f" the next dim, {proof.get('timed_out', 0)} at their time limit ({proof['method']},"
+            f" {proof['nodes']} nodes, {proof['solve_s']:.1f} s on {proof.get('jobs', 1)} process(es)); hipipe {_ms(cell['hipipe_s'])} ms (K={cell['hipipe_num_chunks']})"
         )
     return lines
 
@@ -617,6 +644,17 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds for the floor proof of a cell that misses the bound goal (0: no floor proofs)",
     )
     parser.add_argument(
+        "--floor-jobs",
+        type=int,
+        default=1,
+        help="processes a floor proof solves its MIPs in (one region each, at once)",
+    )
+    parser.add_argument(
+        "--floor-leaf-time-limit",
+        type=float,
+        help="seconds a floor proof gives one fixed-order MIP (default: the rest of its time limit)",
+    )
+    parser.add_argument(
         "--generated", type=int, default=GENERATED, help="generated networks, one K each (0: none)"
     )
     parser.add_argument("--seed", type=int, default=GENERATED_SEED, help="seed of the generated networks")
@@ -628,6 +666,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, help="write the markdown report here")
     args = parser.parse_args(argv)
+    if args.floor_jobs < 1:
+        parser.error(f"--floor-jobs must be 1 or more, got {args.floor_jobs}")
+    if args.floor_leaf_time_limit is not None and not args.floor_leaf_time_limit > 0:
+        parser.error(
+            f"--floor-leaf-time-limit must be a positive number of seconds, got {args.floor_leaf_time_limit}"
+        )
     presets = QUICK_PRESETS if args.quick else tuple(PRESETS)
     messages = QUICK_MESSAGES if args.quick else MESSAGES
     console = Console(width=220)
@@ -645,6 +689,8 @@ def main(argv: list[str] | None = None) -> int:
                     args.collective,
                     deeper_time_limit_s=args.deeper_time_limit,
                     floor_time_limit_s=args.floor_time_limit,
+                    floor_jobs=args.floor_jobs,
+                    floor_leaf_time_limit_s=args.floor_leaf_time_limit,
                 )
             )
             print(

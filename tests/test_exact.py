@@ -521,6 +521,29 @@ def test_one_mip_per_first_dim_multiset_proves_the_whole_mips_optimum(
     assert_valid_exact(split)
 
 
+def test_first_dims_in_two_worker_processes_prove_the_same_optimum_from_the_cli(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--mip-jobs 2``: the multisets of rfs-3d at 256 MiB, K = 3, solved two at a time,
+    prove the optimum the in-process split proves (the answer does not depend on jobs)."""
+    topology = PRESETS["rfs-3d"]()
+    alone = plan_exact(topology, 256 * MIB, num_chunks=3, method="first-dims")
+    argv = ["plan", "rfs-3d", "--size", "256MiB", "--planner", "exact", "--chunks", "3"]
+    assert main([*argv, "--method", "first-dims", "--mip-jobs", "2", "--json", "-"]) == 0
+    both = Schedule.from_json(capsys.readouterr().out)
+    assert both.info["proven_optimal"] and alone.info["proven_optimal"]
+    assert both.info["first_dim_multisets_settled"] == both.info["first_dim_multisets"] == math.comb(5, 2)
+    assert both.makespan_s == pytest.approx(alone.makespan_s, rel=1e-6)
+    assert_valid_exact(both)
+    code = main(["plan", "tpu-2d", "--size", "1MiB", "--mip-jobs", "2"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--mip-jobs applies to --planner exact only" in err and "Traceback" not in err
+    code = main([*argv, "--mip-jobs", "0"])
+    err = capsys.readouterr().err
+    assert code == 2 and "jobs must be a whole number of processes, 1 or more, got 0" in err
+    assert "Traceback" not in err
+
+
 def test_first_dims_on_a_time_limit_keeps_a_valid_floor_and_its_gap() -> None:
     topology = PRESETS["libra-4d"]()
     schedule = plan_exact(

@@ -96,6 +96,47 @@ def test_first_dims_find_a_schedule_below_a_floor_above_a_known_one_and_stop() -
     assert not refined.proven and refined.faster_s is not None and refined.faster_s < refined.floor_s
 
 
+def test_two_worker_processes_prove_and_disprove_as_one_does() -> None:
+    """The rfs-3d proof and disproof above with two regions solved at once: the same
+    answers, the same regions settled (the answers do not depend on the workers)."""
+    topology = PRESETS["rfs-3d"]()
+    floor_s = pipeline_bound_s(topology, 256 * MIB, min_chunks=6)
+    proof = prove_floor(topology, 256 * MIB, floor_s, max_chunks=5, time_limit_s=300, jobs=2)
+    assert proof.proven and proof.faster_s is None
+    assert proof.settled == proof.subproblems == math.comb(5 + 3 - 1, 3 - 1)
+    known = plan(topology, 16 * MIB, "pipelined", num_chunks=5)
+    disproof = prove_floor(
+        topology,
+        16 * MIB,
+        known.makespan_s * 1.01,
+        max_chunks=5,
+        time_limit_s=120,
+        jobs=2,
+        refine_after_s=0.05,
+    )
+    assert not disproof.proven and disproof.faster_s is not None and disproof.faster_s < disproof.floor_s
+
+
+def test_a_leaf_time_limit_leaves_the_proof_open_and_the_search_goes_on() -> None:
+    """Fixed-order regions given a microsecond each time out (no MIP settles that fast
+    unless presolve prunes it); the search still reaches every region, counts each once
+    (settled, split or timed out) and does not call the floor proven."""
+    topology = PRESETS["rfs-3d"]()
+    floor_s = pipeline_bound_s(topology, 256 * MIB, min_chunks=6)
+    proof = prove_floor(
+        topology,
+        256 * MIB,
+        floor_s,
+        max_chunks=5,
+        time_limit_s=300,
+        refine_after_s=1e-6,
+        leaf_time_limit_s=1e-6,
+    )
+    assert proof.refined > 0 and proof.timed_out > 0
+    assert proof.settled + proof.refined + proof.timed_out == proof.subproblems
+    assert not proof.proven and proof.proven_floor_s is None and proof.faster_s is None
+
+
 @pytest.mark.parametrize(
     ("kwargs", "fragment"),
     [
@@ -104,6 +145,9 @@ def test_first_dims_find_a_schedule_below_a_floor_above_a_known_one_and_stop() -
         ({"max_chunks": MAX_FLOOR_CHUNKS + 1}, f"handles 1..{MAX_FLOOR_CHUNKS} chunks"),
         ({"method": "split"}, "method is one of auto, whole, first-dims"),
         ({"refine_after_s": 0.0}, "refine_after_s must be a positive number of seconds or None"),
+        ({"leaf_time_limit_s": math.inf}, "leaf_time_limit_s must be a positive number of seconds or None"),
+        ({"jobs": 0}, "jobs must be a whole number of processes, 1 or more"),
+        ({"jobs": 1.5}, "jobs must be a whole number of processes, 1 or more"),
         ({"time_limit_s": -1.0}, "time limit must be a positive number"),
     ],
 )

@@ -50,6 +50,13 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
         " (first-dims: proves K = 5 on 4 dims where the whole MIP stalls), or auto (default:"
         " first-dims from 5 chunks on 3+ dims)",
     )
+    parser.add_argument(
+        "--mip-jobs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="exact planner only: first-dims MIPs solved at once, one worker process each (default: 1)",
+    )
     parser.add_argument("--json", metavar="FILE", help="write the schedule as JSON ('-' for stdout)")
     parser.add_argument("--gantt", metavar="FILE.png", help="write a Gantt chart of the schedule")
     parser.add_argument("--explain", action="store_true", help="print what the planner decided and why")
@@ -75,11 +82,14 @@ def run(args: argparse.Namespace) -> int:
             collective=collective,
             time_limit_s=time_limit_s,
             method=args.method or "auto",
+            jobs=1 if args.mip_jobs is None else args.mip_jobs,
         )
     elif args.time_limit is not None:
         raise HipipeError("--time-limit applies to --planner exact only")
     elif args.method is not None:
         raise HipipeError("--method applies to --planner exact only")
+    elif args.mip_jobs is not None:
+        raise HipipeError("--mip-jobs applies to --planner exact only")
     else:
         schedule = plan(topology, size_bytes, args.planner, num_chunks=args.chunks, collective=collective)
     if args.json == "-":

@@ -2,6 +2,7 @@
 
 - :mod:`.model` -- variables, rows, MIP starts and decoding
 - :mod:`.first_dims` -- the same MIP split into one per multiset of the chunks' first dims
+- :mod:`.regions` -- one region of a split MIP, solved here or in worker processes
 - :mod:`.planner` -- limits, seeds, HiGHS, the simulator's re-timing and the checker
 - :mod:`.floor` -- the same MIPs asked whether any schedule beats a given time (a proven floor)
 """

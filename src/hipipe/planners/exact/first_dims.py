@@ -31,13 +31,13 @@ not bound the leaves, whose answer decides the proof).
 import itertools
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import highspy
 import numpy as np
 
-from hipipe.planners.exact.model import ExactModel, Order, hold_order_prefixes, new_solver, solver_values
+from hipipe.planners.exact.model import ExactModel, Order
+from hipipe.planners.exact.regions import RegionRunner
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -60,6 +60,9 @@ class SplitSolve:
     refined, or were never reached)."""
     refined: int = 0
     """Regions split by the next dim of the orders after their MIP stayed open."""
+    timed_out: int = 0
+    """Regions whose MIP reached its time limit and were not split (the others left
+    open were never reached before the overall limit or the first schedule found)."""
 
 
 def first_dim_multisets(num_dims: int, num_chunks: int, first: Sequence[int] = ()) -> list[tuple[int, ...]]:
@@ -94,17 +97,13 @@ def refinements(prefixes: Sequence[Order], num_dims: int) -> list[tuple[Order, .
     return [tuple(p for part in parts for p in part) for parts in itertools.product(*per_group)]
 
 
-@dataclass(kw_only=True, slots=True)
-class _Search:
-    """The running totals of one split solve (local to a call)."""
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Region:
+    """One region of the search: chunk j's order begins with ``prefixes[j]``."""
 
-    best: float
-    best_values: np.ndarray | None = None
-    open_bounds: list[float] = field(default_factory=list)
-    nodes: int = 0
-    subproblems: int = 0
-    settled: int = 0
-    refined: int = 0
+    prefixes: tuple[Order, ...]
+    parent_bound: float
+    """The dual bound the region inherits (its parent's, or the caller's floor)."""
 
 
 def solve_by_first_dims(
@@ -118,6 +117,8 @@ def solve_by_first_dims(
     time_limit_s: float,
     stop_when_found: bool = False,
     refine_after_s: float | None = None,
+    leaf_time_limit_s: float | None = None,
+    jobs: int = 1,
 ) -> SplitSolve:
     """Solve the model one first-dim multiset at a time within ``time_limit_s`` in all.
 
@@ -127,51 +128,76 @@ def solve_by_first_dims(
     ``stop_when_found``: return as soon as one schedule below the incumbent is found (a
     floor proof is then disproved; the regions left count as open). ``refine_after_s``:
     give a region's MIP this long, then split it by the next dim of the orders (None:
-    every multiset runs until the overall limit).
+    every multiset runs until the overall limit). ``leaf_time_limit_s``: the most a region
+    that is not split further gets (None: whatever is left of the overall limit; a leaf
+    left open leaves the search unproven either way, but a budget lets the search go on to
+    the other regions). ``jobs``: regions solved at once, each in its own process (the
+    regions are independent; a cutoff improved by one reaches the MIPs started after it).
     """
     deadline_s = time.perf_counter() + time_limit_s
     num_dims = model.topology.num_dims
-    search = _Search(best=incumbent)
+    best = incumbent
+    best_values: np.ndarray | None = None
+    open_bounds: list[float] = []
+    nodes = subproblems = settled = refined = timed_out = 0
+    # Depth first: a split region's children are searched before the regions after it.
+    pending = [
+        _Region(prefixes=tuple((dim,) for dim in multiset), parent_bound=floor)
+        for multiset in reversed(first_dim_multisets(num_dims, model.num_chunks, incumbent_first_dims))
+    ]
 
-    def visit(prefixes: Sequence[Order], parent_bound: float) -> None:
-        search.subproblems += 1
-        remaining_s = deadline_s - time.perf_counter()
-        if remaining_s <= 0 or (stop_when_found and search.best_values is not None):
-            search.open_bounds.append(parent_bound)
-            return
-        leaf = refine_after_s is None or len(prefixes[0]) >= num_dims - 1
-        limit_s = remaining_s if leaf or refine_after_s is None else min(remaining_s, refine_after_s)
-        cutoff = search.best * (1.0 - relative_gap)
-        solver = new_solver(model, {**settings, "time_limit": limit_s, "objective_bound": cutoff})
-        hold_order_prefixes(solver, model, prefixes)
-        solver.run()
-        status = solver.getModelStatus()
-        info = solver.getInfo()
-        search.nodes += int(info.mip_node_count)
-        if int(info.primal_solution_status) != 0:
-            values = solver_values(solver)
-            if float(values[model.makespan_col]) < cutoff:
-                search.best, search.best_values = float(values[model.makespan_col]), values
-        if status in (highspy.HighsModelStatus.kOptimal, highspy.HighsModelStatus.kInfeasible):
-            search.settled += 1
-            return
-        bound = max(parent_bound, float(info.mip_dual_bound))
-        if leaf or (stop_when_found and search.best_values is not None):
-            search.open_bounds.append(bound)
-            return
-        search.refined += 1
-        for child in refinements(prefixes, num_dims):
-            visit(child, bound)
+    def is_leaf(region: _Region) -> bool:
+        return refine_after_s is None or len(region.prefixes[0]) >= num_dims - 1
 
-    for multiset in first_dim_multisets(num_dims, model.num_chunks, incumbent_first_dims):
-        visit([(dim,) for dim in multiset], floor)
+    in_flight: list[_Region] = []
+    with RegionRunner[_Region](jobs) as runner:
+        while pending or in_flight:
+            while pending and len(in_flight) < jobs:
+                region = pending.pop()
+                subproblems += 1
+                remaining_s = deadline_s - time.perf_counter()
+                if remaining_s <= 0:
+                    open_bounds.append(region.parent_bound)
+                    continue
+                budget_s = leaf_time_limit_s if is_leaf(region) else refine_after_s
+                limit_s = remaining_s if budget_s is None else min(remaining_s, budget_s)
+                cutoff = best * (1.0 - relative_gap)
+                runner.submit(region, (model, settings, region.prefixes, limit_s, cutoff))
+                in_flight.append(region)
+            if not in_flight:
+                continue
+            region, result = runner.next_result()
+            in_flight.remove(region)
+            nodes += result.nodes
+            if result.values is not None and float(result.values[model.makespan_col]) < best:
+                best, best_values = float(result.values[model.makespan_col]), result.values
+            if result.settled:
+                settled += 1
+            elif stop_when_found and best_values is not None:
+                open_bounds.append(max(region.parent_bound, result.dual_bound))
+            elif is_leaf(region):
+                timed_out += 1
+                open_bounds.append(max(region.parent_bound, result.dual_bound))
+            else:
+                refined += 1
+                bound = max(region.parent_bound, result.dual_bound)
+                pending.extend(
+                    _Region(prefixes=child, parent_bound=bound)
+                    for child in reversed(refinements(region.prefixes, num_dims))
+                )
+            if stop_when_found and best_values is not None:
+                break  # leaving the runner stops the MIPs still running
+    # Regions not solved: never started, or stopped early by a schedule found elsewhere.
+    subproblems += len(pending)
+    open_bounds.extend(region.parent_bound for region in (*pending, *in_flight))
     return SplitSolve(
-        values=search.best_values,
-        makespan=search.best,
-        dual_bound=min([search.best * (1.0 - relative_gap), *search.open_bounds]),
-        proven=search.settled + search.refined == search.subproblems,
-        nodes=search.nodes,
-        subproblems=search.subproblems,
-        settled=search.settled,
-        refined=search.refined,
+        values=best_values,
+        makespan=best,
+        dual_bound=min([best * (1.0 - relative_gap), *open_bounds]),
+        proven=settled + refined == subproblems,
+        nodes=nodes,
+        subproblems=subproblems,
+        settled=settled,
+        refined=refined,
+        timed_out=timed_out,
     )

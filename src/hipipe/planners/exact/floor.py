@@ -71,6 +71,9 @@ class FloorProof:
     settled: int
     refined: int
     """Subproblems split into longer order prefixes (``first-dims`` only)."""
+    timed_out: int
+    """Subproblems whose MIP reached its time limit unsettled and was not split (the
+    rest of the unsettled ones were never reached)."""
     nodes: int
     solve_s: float
 
@@ -91,22 +94,33 @@ def prove_floor(
     time_limit_s: float = DEFAULT_TIME_LIMIT_S,
     method: str = "auto",
     refine_after_s: float | None = REFINE_AFTER_S,
+    leaf_time_limit_s: float | None = None,
+    jobs: int = 1,
 ) -> FloorProof:
     """Prove, within ``time_limit_s``, that no hierarchical schedule with at most
     ``max_chunks`` chunks (single-dim ops, one op per dim at a time) finishes before
     ``floor_s``; or find one that does. ``method`` as for the exact planner (``auto``:
     first-dims from five chunks on 3-4 dims); ``refine_after_s``: how long a first-dims
-    subproblem runs before it is split further (None: never split)."""
+    subproblem runs before it is split further (None: never split); ``leaf_time_limit_s``:
+    the most one fixed-order subproblem gets (None: the rest of the limit), so that one
+    hard leaf cannot hold the whole limit and the report shows how many stay open;
+    ``jobs``: first-dims subproblems solved at once, one process each (answers do not
+    depend on it; the whole method is one MIP and runs alone)."""
     collective = Collective.parse(collective)
     validate_instance(
-        topology, message_bytes, max_chunks, time_limit_s, method, max_chunks_allowed=MAX_FLOOR_CHUNKS
+        topology,
+        message_bytes,
+        max_chunks,
+        time_limit_s,
+        method,
+        max_chunks_allowed=MAX_FLOOR_CHUNKS,
+        jobs=jobs,
     )
     if not (floor_s > 0 and math.isfinite(floor_s)):
         raise HipipeError(f"the floor to prove must be a positive number of seconds, got {floor_s!r}")
-    if refine_after_s is not None and not (refine_after_s > 0 and math.isfinite(refine_after_s)):
-        raise HipipeError(
-            f"refine_after_s must be a positive number of seconds or None, got {refine_after_s!r}"
-        )
+    for name, value in (("refine_after_s", refine_after_s), ("leaf_time_limit_s", leaf_time_limit_s)):
+        if value is not None and not (value > 0 and math.isfinite(value)):
+            raise HipipeError(f"{name} must be a positive number of seconds or None, got {value!r}")
     started = time.perf_counter()
     model = ExactModel(
         topology, message_bytes, max_chunks, collective, time_unit_s=floor_s, symmetry="sequence"
@@ -126,9 +140,11 @@ def prove_floor(
             time_limit_s=time_limit_s,
             stop_when_found=True,
             refine_after_s=refine_after_s,
+            leaf_time_limit_s=leaf_time_limit_s,
+            jobs=jobs,
         )
         values, subproblems, settled, nodes = split.values, split.subproblems, split.settled, split.nodes
-        refined = split.refined
+        refined, timed_out = split.refined, split.timed_out
         proven = split.proven and values is None
     else:
         solver = new_solver(model, {**settings, "time_limit": float(time_limit_s), "objective_bound": 1.0})
@@ -141,6 +157,7 @@ def prove_floor(
             values = None  # a schedule at the floor itself does not disprove it
         settled = int(status in (highspy.HighsModelStatus.kOptimal, highspy.HighsModelStatus.kInfeasible))
         subproblems, nodes, refined = 1, int(info.mip_node_count), 0
+        timed_out = int(not settled and values is None)
         proven = bool(settled) and values is None
     faster_s = None if values is None else schedule_from_values(model, values).makespan_s
     return FloorProof(
@@ -152,6 +169,7 @@ def prove_floor(
         subproblems=subproblems,
         settled=settled,
         refined=refined,
+        timed_out=timed_out,
         nodes=nodes,
         solve_s=time.perf_counter() - started,
     )

@@ -73,18 +73,20 @@ def plan_exact(
     time_limit_s: float = DEFAULT_TIME_LIMIT_S,
     seeds: Sequence[str] = DEFAULT_SEEDS,
     method: str = "auto",
+    jobs: int = 1,
 ) -> Schedule:
     """The makespan-optimal hierarchical schedule with at most ``num_chunks`` chunks.
 
     Single-dim ops, every chunk visits every dim once, one op per dim at a time. On the
     time limit, returns the best schedule found with its proven gap (``info``).
-    ``method`` is one of :data:`METHODS`.
+    ``method`` is one of :data:`METHODS`; ``jobs``: first-dims MIPs solved at once, one
+    worker process each (the whole method is one MIP and runs alone).
     """
     collective = Collective.parse(collective)
     if num_chunks is None:
         raise HipipeError("the exact planner needs a number of chunks (--chunks K)")
     validate_instance(
-        topology, message_bytes, num_chunks, time_limit_s, method, max_chunks_allowed=MAX_CHUNKS
+        topology, message_bytes, num_chunks, time_limit_s, method, max_chunks_allowed=MAX_CHUNKS, jobs=jobs
     )
     started = time.perf_counter()
     seed_schedules = _seed_schedules(topology, message_bytes, num_chunks, collective, seeds)
@@ -94,8 +96,10 @@ def plan_exact(
     if method == "auto":
         method = "first-dims" if num_chunks >= SPLIT_FROM_CHUNKS and topology.num_dims >= 3 else "whole"
     bound_s = best_bound_s(topology, message_bytes, collective)
-    solve = _solve_whole if method == "whole" else _solve_by_first_dims
-    solved = solve(model, seed_schedules, best_seed, time_limit_s=time_limit_s, bound_s=bound_s)
+    if method == "whole":
+        solved = _solve_whole(model, seed_schedules, best_seed, time_limit_s=time_limit_s, bound_s=bound_s)
+    else:
+        solved = _solve_by_first_dims(model, best_seed, time_limit_s=time_limit_s, bound_s=bound_s, jobs=jobs)
     mip_makespan_s: float | None = None
     incumbent = "mip"
     if solved.values is None:
@@ -148,10 +152,12 @@ def validate_instance(
     method: str,
     *,
     max_chunks_allowed: int,
+    jobs: int = 1,
 ) -> None:
     """One-line :class:`HipipeError` for an instance the MIP does not take: a size that is
     not a positive whole number of bytes, too many chunks or dims, an unknown method, a
-    time limit that is not a positive number, or calibrated overheads the model lacks."""
+    time limit that is not a positive number, a number of worker processes that is not a
+    whole number from 1, or calibrated overheads the model lacks."""
     if isinstance(message_bytes, bool) or not isinstance(message_bytes, int) or message_bytes <= 0:
         raise HipipeError(f"message size must be a positive whole number of bytes, got {message_bytes!r}")
     if num_chunks < 1 or num_chunks > max_chunks_allowed:
@@ -164,6 +170,8 @@ def validate_instance(
         raise HipipeError(f"the exact planner's method is one of {', '.join(METHODS)}, got {method!r}")
     if not (math.isfinite(time_limit_s) and time_limit_s > 0):
         raise HipipeError(f"the time limit must be a positive number of seconds, got {time_limit_s!r}")
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise HipipeError(f"jobs must be a whole number of processes, 1 or more, got {jobs!r}")
     if not models_overheads(topology):
         raise HipipeError(
             "the exact planner models latency, bandwidth and a per-op cost only; this topology also"
@@ -222,7 +230,7 @@ def _solve_whole(
 
 
 def _solve_by_first_dims(
-    model: ExactModel, seeds: Sequence[Schedule], best_seed: Schedule, *, time_limit_s: float, bound_s: float
+    model: ExactModel, best_seed: Schedule, *, time_limit_s: float, bound_s: float, jobs: int
 ) -> _Solved:
     """One MIP per multiset of first dims, each cut off at the best makespan so far (the
     seeds only set that cutoff: a start above it would be no use to a MIP)."""
@@ -234,6 +242,7 @@ def _solve_by_first_dims(
         floor=bound_s / model.time_unit_s,
         relative_gap=MIP_RELATIVE_GAP,
         time_limit_s=time_limit_s,
+        jobs=jobs,
     )
     status = "Optimal" if split.proven else "Time limit reached"
     return _Solved(
