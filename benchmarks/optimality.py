@@ -1,8 +1,9 @@
 """How far from optimal: hipipe at K against the exact planner's proven optimum at K,
 and hipipe against the best lower bound ``max(T_mix, T_pipe)``.
 
-    python benchmarks/optimality.py [--quick] [--time-limit 60] [--hard-time-limit 15]
-        [--deeper-time-limit 300] [--floor-time-limit 600] [--generated 40] [--seed 7] [--collective all_reduce] [--out DIR]
+    python benchmarks/optimality.py [--quick | --preset NAME ... --size SIZE ...] [--time-limit 60]
+        [--hard-time-limit 15] [--deeper-time-limit 300] [--floor-time-limit 600] [--floor-jobs 1]
+        [--floor-leaf-time-limit S] [--generated 40] [--seed 7] [--collective all_reduce] [--out DIR]
 
 For every reference network and message (16 MiB .. 1 GiB): hipipe with its own K against
 the best bound; then for K = 2..4, hipipe forced to K against ``exact`` at K (a MIP with a
@@ -40,6 +41,7 @@ from hipipe.bounds import best_bound_s, order_mix_bound_s, pipeline_bound_s
 from hipipe.planners.exact import MAX_CHUNKS, MAX_FLOOR_CHUNKS, plan_exact, prove_floor
 from hipipe.presets import PRESETS
 from hipipe.schedule import Collective, Schedule
+from hipipe.units import parse_size_bytes
 
 MIB = 1024**2
 MESSAGES = (16 * MIB, 64 * MIB, 256 * MIB, 1024 * MIB)
@@ -626,6 +628,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2 networks x 1 message")
     parser.add_argument(
+        "--preset",
+        action="append",
+        choices=tuple(PRESETS),
+        help="only this reference network (repeat for more; default: every one)",
+    )
+    parser.add_argument(
+        "--size",
+        action="append",
+        type=parse_size_bytes,
+        help="only this message size, e.g. 256MiB (repeat for more; default: 16 MiB .. 1 GiB)",
+    )
+    parser.add_argument(
         "--time-limit", type=float, default=60.0, help="seconds per exact solve, K <= 3 on <= 3 dims"
     )
     parser.add_argument(
@@ -672,8 +686,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(
             f"--floor-leaf-time-limit must be a positive number of seconds, got {args.floor_leaf_time_limit}"
         )
-    presets = QUICK_PRESETS if args.quick else tuple(PRESETS)
-    messages = QUICK_MESSAGES if args.quick else MESSAGES
+    if args.quick and (args.preset or args.size):
+        parser.error("--quick picks its own networks and sizes: drop --preset and --size")
+    presets = QUICK_PRESETS if args.quick else tuple(args.preset or PRESETS)
+    messages = QUICK_MESSAGES if args.quick else tuple(args.size or MESSAGES)
     console = Console(width=220)
     started = time.perf_counter()
     cells: list[dict[str, Any]] = []

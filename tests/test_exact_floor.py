@@ -5,6 +5,7 @@ proven; just above it, the MIPs find a schedule below the floor, and the simulat
 re-timing agrees. No timing assertions (``benchmarks/optimality.py`` measures them).
 """
 
+import json
 import math
 from dataclasses import replace
 from types import ModuleType
@@ -227,3 +228,18 @@ def test_the_optimality_benchmark_asks_the_floor_the_goal_needs(optimality_bench
     assert proof["floor_s"] == pytest.approx(hipipe.makespan_s / 1.05 * (1 + 1e-5), rel=1e-12)
     assert proof["floor_s"] < hipipe.makespan_s and proof["many_s"] == pytest.approx(many_s, rel=1e-12)
     assert proof["time_limit_s"] == 1.0 and proof["faster_s"] is None
+
+
+def test_the_optimality_benchmark_runs_the_cells_asked_for(
+    optimality_benchmark: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--preset`` and ``--size`` pick cells (how one open cell is re-run with a long
+    floor proof); a size that does not parse, or either beside ``--quick``, is refused."""
+    argv = ["--preset", "tpu-2d", "--size", "16MiB", "--generated", "0", "--floor-jobs", "2"]
+    assert optimality_benchmark.main(argv) == 0
+    document = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert [(c["preset"], c["message_bytes"]) for c in document["cells"]] == [("tpu-2d", 16 * MIB)]
+    for bad in (["--size", "12XB"], ["--quick", "--preset", "tpu-2d"], ["--floor-jobs", "0"]):
+        with pytest.raises(SystemExit) as raised:
+            optimality_benchmark.main(bad)
+        assert raised.value.code == 2
