@@ -23,9 +23,11 @@ argument), down to fully fixed orders, which get whatever time is left. On libra
 256 MiB (AllReduce, K = 5, nothing below 1.5314 ms) the multiset (0, 0, 0, 0, 1) stayed
 open after 600 s; its 45 second-dim MIPs settled 33 within 30 s each (size symmetry), and the two
 fixed-order MIPs tried under the rest settled in 4-8 s with the model's ``sequence``
-symmetry. It is no cure-all: that whole proof settled 259 of 370 regions in an hour, and on
-8 chunks a single fixed-order MIP can take the rest of the limit (``refine_after_s`` does
-not bound the leaves, whose answer decides the proof).
+symmetry. That whole proof settled 259 of 370 regions in an hour on one process; with two
+regions solved at once (``jobs``, :mod:`~hipipe.planners.exact.regions`) it was proven in
+3855 s (862 regions). On 8 chunks a single fixed-order MIP can take the rest of the limit:
+``refine_after_s`` does not bound the leaves, whose answer decides the proof, but
+``leaf_time_limit_s`` can, so that the search goes on and counts the leaves left open.
 """
 
 import itertools

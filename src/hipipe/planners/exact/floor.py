@@ -9,8 +9,8 @@ from the start and a node whose relaxation reaches X is pruned. Below the optimu
 answer is "no" and the MIPs often end at the root. Measured on the 2-core host
 (AllReduce, first-dims split): rfs-3d at 256 MiB, no schedule with at most 5 chunks below
 1.7848 ms, all 21 multisets settled in 6.8 s (the full K = 5 solve: 13% gap after 318 s);
-libra-4d at 256 MiB, at most 5 chunks below 1.5314 ms, 53 of 56 multisets settled within
-60 s each.
+libra-4d at 256 MiB, at most 5 chunks below 1.5315 ms, proven in 3855 s with two worker
+processes (``jobs=2``), 862 regions after splitting.
 
 The proof's MIPs tell chunks sharing an order apart by when they run (the model's
 ``sequence`` symmetry), and a first-dim MIP still open after :data:`REFINE_AFTER_S` is split
