@@ -104,8 +104,8 @@ class RegionRunner(Generic[Tag]):
         self._tags: dict[int, Any] = {}
 
     def __enter__(self) -> "RegionRunner[Tag]":
-        if self.jobs > 1:
-            for index in range(self.jobs):
+        try:
+            for index in range(self.jobs if self.jobs > 1 else 0):
                 worker = subprocess.Popen(
                     [sys.executable, "-c", f"from {__name__} import serve; serve()"],
                     stdin=subprocess.PIPE,
@@ -117,6 +117,9 @@ class RegionRunner(Generic[Tag]):
                 reader.start()
                 self._readers.append(reader)
                 self._idle.append(index)
+        except BaseException:
+            self.__exit__()  # the workers already started must not outlive a failed start
+            raise
         return self
 
     def _read(self, index: int) -> None:
