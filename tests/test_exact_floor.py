@@ -239,7 +239,91 @@ def test_the_optimality_benchmark_runs_the_cells_asked_for(
     assert optimality_benchmark.main(argv) == 0
     document = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert [(c["preset"], c["message_bytes"]) for c in document["cells"]] == [("tpu-2d", 16 * MIB)]
-    for bad in (["--size", "12XB"], ["--quick", "--preset", "tpu-2d"], ["--floor-jobs", "0"]):
+    for bad in (
+        ["--size", "12XB"],
+        ["--quick", "--preset", "tpu-2d"],
+        ["--floor-jobs", "0"],
+        ["--optimum-time-limit", "-1"],
+        ["--floor-time-limit", "nan"],
+    ):
         with pytest.raises(SystemExit) as raised:
             optimality_benchmark.main(bad)
         assert raised.value.code == 2
+
+
+def _missed_cell(own_k: int) -> dict[str, object]:
+    """A cell as ``run_cell`` keeps it, 12% above its best bound, with no exact run at ``own_k``."""
+    return {
+        "hipipe_s": 1.12e-3,
+        "hipipe_num_chunks": own_k,
+        "hipipe_vs_bound": 0.12,
+        "per_k": {},
+        "deeper": {},
+    }
+
+
+@pytest.mark.parametrize(
+    ("proof", "goal"),
+    [
+        ({"proven": True, "max_chunks": 5}, "proven optimal at K=5"),
+        ({"proven": False, "max_chunks": 5}, "missed"),
+        ({"proven": True, "max_chunks": 6}, "missed"),  # a proof about another K says nothing
+        (None, "missed"),
+    ],
+)
+def test_the_optimum_proof_meets_the_goal_only_at_hipipes_own_k(
+    optimality_benchmark: ModuleType, proof: dict[str, object] | None, goal: str
+) -> None:
+    cell = {**_missed_cell(5), "optimum_proof": proof}
+    optimality_benchmark._judge(cell, 1e-3, {4: 1.01e-3})
+    assert cell["bound_goal"] == goal
+    assert cell["exact_backed_bound_s"] == 1.01e-3 and cell["exact_backed_k"] == 4
+
+
+def test_the_optimum_proof_proves_hipipe_optimal_at_its_k(optimality_benchmark: ModuleType) -> None:
+    """hgx-h100-32 at 16 MiB: hipipe plans 2 chunks (0.1378 ms), which the exact planner
+    proves optimal at K = 2; asked about hipipe's makespan less 1e-6, the MIPs prune every
+    schedule with at most 2 chunks below it."""
+    topology = PRESETS["hgx-h100-32"]()
+    hipipe = plan(topology, 16 * MIB, "hipipe")
+    assert hipipe.num_chunks == 2
+    exact = plan_exact(topology, 16 * MIB, num_chunks=2)
+    assert exact.info["proven_optimal"] and exact.makespan_s >= hipipe.makespan_s * (1 - 1e-6)
+    proof = optimality_benchmark._optimum_proof(topology, 16 * MIB, Collective.ALL_REDUCE, hipipe, 60.0)
+    assert proof is not None and proof["proven"] and proof["faster_s"] is None
+    assert proof["asked"] == "hipipe" and proof["max_chunks"] == 2
+    assert proof["floor_s"] == pytest.approx(hipipe.makespan_s * (1 - 1e-6), rel=1e-12)
+    assert proof["proven_floor_s"] < hipipe.makespan_s
+    cell = {**_missed_cell(2), "optimum_proof": proof}
+    optimality_benchmark._judge(cell, 1e-3, {})
+    assert cell["bound_goal"] == "proven optimal at K=2"
+
+
+def test_the_optimum_proof_finds_a_schedule_faster_than_hipipe_at_its_k(
+    optimality_benchmark: ModuleType,
+) -> None:
+    """rfs-3d at 16 MiB: hipipe plans 5 chunks (0.1597 ms) and the exact planner proves a
+    5-chunk optimum 0.06% faster (0.1596 ms); the optimum proof finds such a schedule, so the
+    cell is not called proven."""
+    topology = PRESETS["rfs-3d"]()
+    hipipe = plan(topology, 16 * MIB, "hipipe")
+    assert hipipe.num_chunks == 5
+    proof = optimality_benchmark._optimum_proof(
+        topology, 16 * MIB, Collective.ALL_REDUCE, hipipe, 300.0, jobs=2
+    )
+    assert proof is not None and not proof["proven"] and proof["max_chunks"] == 5
+    assert proof["faster_s"] is not None and proof["faster_s"] < hipipe.makespan_s * (1 - 1e-6)
+    cell = {**_missed_cell(5), "optimum_proof": proof}
+    optimality_benchmark._judge(cell, 1e-3, {})
+    assert cell["bound_goal"] == "missed"
+
+
+def test_the_optimum_proof_is_skipped_past_the_floor_proofs_chunks(optimality_benchmark: ModuleType) -> None:
+    """hipipe's K beyond ``MAX_FLOOR_CHUNKS`` is out of the floor MIPs' reach: no proof is tried
+    (rfs-3d at 1 GiB: hipipe plans 23 chunks)."""
+    topology = PRESETS["rfs-3d"]()
+    hipipe = plan(topology, 1024 * MIB, "hipipe")
+    assert hipipe.num_chunks > MAX_FLOOR_CHUNKS
+    assert (
+        optimality_benchmark._optimum_proof(topology, 1024 * MIB, Collective.ALL_REDUCE, hipipe, 1.0) is None
+    )
