@@ -27,6 +27,7 @@ other collectives).
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import random
@@ -41,7 +42,7 @@ from rich.table import Table
 
 from hipipe import Dimension, Topology, plan
 from hipipe.bounds import best_bound_s, order_mix_bound_s, pipeline_bound_s
-from hipipe.planners.exact import MAX_CHUNKS, MAX_FLOOR_CHUNKS, FloorProof, plan_exact, prove_floor
+from hipipe.planners.exact import MAX_CHUNKS, MAX_FLOOR_CHUNKS, plan_exact, prove_floor
 from hipipe.presets import PRESETS
 from hipipe.schedule import Collective, Schedule
 from hipipe.units import parse_size_bytes
@@ -182,17 +183,18 @@ def run_cell(
     many_s = pipeline_bound_s(topology, message_bytes, collective, min_chunks=last + 1)
     floors = {last: _floor_s(cell["per_k"][last]["dual_bound_s"], many_s)}
     _judge(cell, bound_s, floors)
+    prove = functools.partial(
+        _prove,
+        topology,
+        message_bytes,
+        collective,
+        free,
+        jobs=floor_jobs,
+        leaf_time_limit_s=floor_leaf_time_limit_s,
+    )
     cell["floor_proof"] = None
     if cell["bound_goal"] == "missed" and floor_time_limit_s > 0:
-        cell["floor_proof"] = _floor_proof(
-            topology,
-            message_bytes,
-            collective,
-            free,
-            floor_time_limit_s,
-            jobs=floor_jobs,
-            leaf_time_limit_s=floor_leaf_time_limit_s,
-        )
+        cell["floor_proof"] = prove(floor_time_limit_s, question="floor")
         proof = cell["floor_proof"]
         if proof is not None and proof["proven"]:
             proven_s = _floor_s(proof["proven_floor_s"], proof["many_s"])
@@ -223,75 +225,64 @@ def run_cell(
         _judge(cell, bound_s, floors)
     cell["optimum_proof"] = None
     if cell["bound_goal"] == "missed" and optimum_time_limit_s > 0:
-        cell["optimum_proof"] = _optimum_proof(
-            topology,
-            message_bytes,
-            collective,
-            free,
-            optimum_time_limit_s,
-            jobs=floor_jobs,
-            leaf_time_limit_s=floor_leaf_time_limit_s,
-        )
+        cell["optimum_proof"] = prove(optimum_time_limit_s, question="optimum")
         _judge(cell, bound_s, floors)
     return cell
 
 
-def _floor_proof(
-    topology: Topology,
-    message_bytes: int,
-    collective: Collective,
-    hipipe: Schedule,
-    time_limit_s: float,
-    *,
-    jobs: int = 1,
-    leaf_time_limit_s: float | None = None,
-) -> dict[str, Any] | None:
-    """Ask the exact MIPs whether any schedule with at most k chunks beats the floor the goal
+def _question(
+    topology: Topology, message_bytes: int, collective: Collective, hipipe: Schedule, question: str
+) -> tuple[float, int, str, float] | None:
+    """What a proof asks, as ``(floor_s, max_chunks, asked, many_s)``; None where it cannot help.
+
+    ``question="floor"``: is any schedule with at most k chunks below the floor the goal
     needs, for the smallest k (past K = 4, up to ``MAX_FLOOR_CHUNKS``) whose ``T_pipe``
-    counting k + 1 chunks is within the goal of hipipe: a proof makes that floor hold for
+    counting k + 1 chunks is within the goal of hipipe? A proof makes that floor hold for
     every K. The floor asked is the lower of that ``T_pipe`` and hipipe's makespan less the
-    goal (the question "does any schedule beat hipipe by more than 5%?"; a lower floor
-    leaves the MIPs more room to prune, and is never above hipipe's own plan). None where no
-    k up to the limit has such a ``T_pipe`` (the proof could not meet the goal)."""
+    goal (``asked`` ``goal``: "does any schedule beat hipipe by more than 5%?"; a lower
+    floor leaves the MIPs more room to prune, and is never above hipipe's own plan), or
+    ``T_pipe``. None where no k up to the limit has such a ``T_pipe``.
+
+    ``question="optimum"``: is any schedule with at most hipipe's own K chunks faster than
+    hipipe's plan less :data:`OPTIMUM_MARGIN` (``asked`` ``hipipe``)? "No" proves hipipe
+    optimal at its K (:data:`OPTIMUM_TIME_LIMIT_S`). None where K is beyond
+    ``MAX_FLOOR_CHUNKS``."""
+    if question not in ("floor", "optimum"):
+        raise ValueError(f"unknown question {question!r} (floor or optimum)")
+    if question == "optimum":
+        k = hipipe.num_chunks
+        if k > MAX_FLOOR_CHUNKS:
+            return None
+        many_s = pipeline_bound_s(topology, message_bytes, collective, min_chunks=k + 1)
+        return hipipe.makespan_s * (1 - OPTIMUM_MARGIN), k, "hipipe", many_s
     for k in range(max(CHUNK_COUNTS) + 1, MAX_FLOOR_CHUNKS + 1):
         many_s = pipeline_bound_s(topology, message_bytes, collective, min_chunks=k + 1)
         if many_s * (1 + BOUND_GOAL) < hipipe.makespan_s:
             continue
         # A hair above hipipe / 1.05, so the proven floor (less the MIP gap) still meets it.
         target_s = min(many_s, hipipe.makespan_s / (1 + BOUND_GOAL) * (1 + FLOOR_MARGIN))
-        proof = prove_floor(
-            topology,
-            message_bytes,
-            target_s,
-            max_chunks=k,
-            collective=collective,
-            time_limit_s=time_limit_s,
-            leaf_time_limit_s=leaf_time_limit_s,
-            jobs=jobs,
-        )
-        asked = "goal" if target_s < many_s else "T_pipe"
-        return _proof_entry(proof, asked, many_s, time_limit_s, leaf_time_limit_s, jobs)
+        return target_s, k, "goal" if target_s < many_s else "T_pipe", many_s
     return None
 
 
-def _optimum_proof(
+def _prove(
     topology: Topology,
     message_bytes: int,
     collective: Collective,
     hipipe: Schedule,
     time_limit_s: float,
     *,
+    question: str,
     jobs: int = 1,
     leaf_time_limit_s: float | None = None,
 ) -> dict[str, Any] | None:
-    """Ask the exact MIPs whether any schedule with at most hipipe's own K chunks is faster
-    than hipipe's plan (less :data:`OPTIMUM_MARGIN`): "no" proves hipipe optimal at its K
-    (:data:`OPTIMUM_TIME_LIMIT_S`). None where K is beyond what a floor proof takes
-    (``MAX_FLOOR_CHUNKS``)."""
-    k = hipipe.num_chunks
-    if k > MAX_FLOOR_CHUNKS:
+    """Ask the exact MIPs the floor or optimum ``question`` (:func:`_question`) with
+    :func:`~hipipe.planners.exact.prove_floor`, and keep the answer as the report does;
+    None where the question cannot help."""
+    asked_about = _question(topology, message_bytes, collective, hipipe, question)
+    if asked_about is None:
         return None
-    floor_s = hipipe.makespan_s * (1 - OPTIMUM_MARGIN)
+    floor_s, k, asked, many_s = asked_about
     proof = prove_floor(
         topology,
         message_bytes,
@@ -302,23 +293,9 @@ def _optimum_proof(
         leaf_time_limit_s=leaf_time_limit_s,
         jobs=jobs,
     )
-    many_s = pipeline_bound_s(topology, message_bytes, collective, min_chunks=k + 1)
-    return _proof_entry(proof, "hipipe", many_s, time_limit_s, leaf_time_limit_s, jobs)
-
-
-def _proof_entry(
-    proof: FloorProof,
-    asked: str,
-    many_s: float,
-    time_limit_s: float,
-    leaf_time_limit_s: float | None,
-    jobs: int,
-) -> dict[str, Any]:
-    """A floor proof as the report keeps it; ``asked`` names the floor (``T_pipe``, ``goal``:
-    hipipe less the goal, ``hipipe``: hipipe's own makespan less :data:`OPTIMUM_MARGIN`)."""
     return {
-        "max_chunks": proof.max_chunks,
-        "floor_s": proof.floor_s,
+        "max_chunks": k,
+        "floor_s": floor_s,
         "asked": asked,
         "many_s": many_s,
         "proven": proof.proven,
@@ -349,7 +326,7 @@ def _judge(cell: dict[str, Any], bound_s: float, floors: dict[int, float | None]
     """The cell's exact-backed bound (the best of ``floors``, by the K of the exact run that
     gave each) and its bound goal: within 5% of the best bound or of the exact-backed one, or
     no schedule with at most hipipe's own K chunks faster (the exact planner proved it at
-    that K, or the optimum proof, :func:`_optimum_proof`, did)."""
+    that K, or the optimum proof, :func:`_prove`, did)."""
     known = {k: f for k, f in floors.items() if f is not None and f > bound_s}
     best_k = max(known, key=lambda k: known[k]) if known else None
     cell["exact_backed_bound_s"] = known[best_k] if best_k is not None else bound_s
@@ -583,8 +560,8 @@ def deeper_text(cells: list[dict[str, Any]]) -> list[str]:
 
 
 def floor_proof_text(cells: list[dict[str, Any]], key: str = "floor_proof") -> list[str]:
-    """The floor proofs (:func:`_floor_proof`; with ``key="optimum_proof"`` those of
-    :func:`_optimum_proof`): what each asked and what it answered."""
+    """The floor proofs (:func:`_prove`; with ``key="optimum_proof"`` those of
+    :func:`_prove`): what each asked and what it answered."""
     lines = []
     for cell in cells:
         proof = cell.get(key)

@@ -223,7 +223,7 @@ def test_the_optimality_benchmark_asks_the_floor_the_goal_needs(optimality_bench
     hipipe = plan(topology, 16 * MIB, "hipipe")
     many_s = pipeline_bound_s(topology, 16 * MIB, min_chunks=6)
     assert hipipe.num_chunks == 5 and hipipe.makespan_s < many_s
-    proof = benchmark._floor_proof(topology, 16 * MIB, Collective.ALL_REDUCE, hipipe, 1.0)
+    proof = benchmark._prove(topology, 16 * MIB, Collective.ALL_REDUCE, hipipe, 1.0, question="floor")
     assert proof is not None and proof["max_chunks"] == 5 and proof["asked"] == "goal"
     assert proof["floor_s"] == pytest.approx(hipipe.makespan_s / 1.05 * (1 + 1e-5), rel=1e-12)
     assert proof["floor_s"] < hipipe.makespan_s and proof["many_s"] == pytest.approx(many_s, rel=1e-12)
@@ -289,7 +289,9 @@ def test_the_optimum_proof_proves_hipipe_optimal_at_its_k(optimality_benchmark: 
     assert hipipe.num_chunks == 2
     exact = plan_exact(topology, 16 * MIB, num_chunks=2)
     assert exact.info["proven_optimal"] and exact.makespan_s >= hipipe.makespan_s * (1 - 1e-6)
-    proof = optimality_benchmark._optimum_proof(topology, 16 * MIB, Collective.ALL_REDUCE, hipipe, 60.0)
+    proof = optimality_benchmark._prove(
+        topology, 16 * MIB, Collective.ALL_REDUCE, hipipe, 60.0, question="optimum"
+    )
     assert proof is not None and proof["proven"] and proof["faster_s"] is None
     assert proof["asked"] == "hipipe" and proof["max_chunks"] == 2
     assert proof["floor_s"] == pytest.approx(hipipe.makespan_s * (1 - 1e-6), rel=1e-12)
@@ -308,8 +310,8 @@ def test_the_optimum_proof_finds_a_schedule_faster_than_hipipe_at_its_k(
     topology = PRESETS["rfs-3d"]()
     hipipe = plan(topology, 16 * MIB, "hipipe")
     assert hipipe.num_chunks == 5
-    proof = optimality_benchmark._optimum_proof(
-        topology, 16 * MIB, Collective.ALL_REDUCE, hipipe, 300.0, jobs=2
+    proof = optimality_benchmark._prove(
+        topology, 16 * MIB, Collective.ALL_REDUCE, hipipe, 300.0, jobs=2, question="optimum"
     )
     assert proof is not None and not proof["proven"] and proof["max_chunks"] == 5
     assert proof["faster_s"] is not None and proof["faster_s"] < hipipe.makespan_s * (1 - 1e-6)
@@ -325,5 +327,8 @@ def test_the_optimum_proof_is_skipped_past_the_floor_proofs_chunks(optimality_be
     hipipe = plan(topology, 1024 * MIB, "hipipe")
     assert hipipe.num_chunks > MAX_FLOOR_CHUNKS
     assert (
-        optimality_benchmark._optimum_proof(topology, 1024 * MIB, Collective.ALL_REDUCE, hipipe, 1.0) is None
+        optimality_benchmark._prove(
+            topology, 1024 * MIB, Collective.ALL_REDUCE, hipipe, 1.0, question="optimum"
+        )
+        is None
     )
