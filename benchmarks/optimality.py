@@ -83,8 +83,9 @@ hipipe's plan (less :data:`OPTIMUM_MARGIN`)? Asked as a floor
 (:func:`~hipipe.planners.exact.prove_floor`, hipipe's makespan as every MIP's cutoff), not
 as an optimum: the MIPs need not find a schedule nor close a gap from below, only prune
 everything under the cutoff. On rfs-3d at 64 MiB (AllReduce, hipipe's K = 5, 0.5328 ms),
-where the exact planner's K = 5 run stays at a 15% gap after 300 s, it is proven in 457 s with
-two worker processes (27 regions, one split; 2-core host): hipipe is optimal at its K there.
+where the exact planner's K = 5 run stays at a 15% gap after 300 s, it is proven in 441 s with
+two worker processes (457 s by a direct call; 27 regions, one split; 2-core host): hipipe is
+optimal at its K there.
 "Yes" names a faster schedule, which is a structure hipipe misses at its own K."""
 OPTIMUM_MARGIN = 1e-6
 """The optimum proof asks about hipipe's makespan less this, so hipipe's own schedule (at the
@@ -560,8 +561,8 @@ def deeper_text(cells: list[dict[str, Any]]) -> list[str]:
 
 
 def floor_proof_text(cells: list[dict[str, Any]], key: str = "floor_proof") -> list[str]:
-    """The floor proofs (:func:`_prove`; with ``key="optimum_proof"`` those of
-    :func:`_prove`): what each asked and what it answered."""
+    """The proofs of :func:`_prove` kept under ``key`` (``floor_proof`` or
+    ``optimum_proof``): what each asked and what it answered."""
     lines = []
     for cell in cells:
         proof = cell.get(key)
