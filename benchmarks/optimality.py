@@ -29,6 +29,7 @@ import argparse
 import datetime
 import functools
 import json
+import math
 import os
 import random
 import statistics
@@ -768,7 +769,7 @@ def main(argv: list[str] | None = None) -> int:
         ("--floor-time-limit", args.floor_time_limit),
         ("--optimum-time-limit", args.optimum_time_limit),
     ):
-        if not value >= 0 or value == float("inf"):
+        if not (math.isfinite(value) and value >= 0):
             parser.error(f"{flag} must be a number of seconds (0: none), got {value}")
     if args.quick and (args.preset or args.size):
         parser.error("--quick picks its own networks and sizes: drop --preset and --size")

@@ -1,10 +1,14 @@
 """The region runner of the split exact MIP: worker processes answer as the caller would,
 errors come back as errors, and no worker outlives the runner."""
 
+import subprocess
+from typing import Any
+
 import pytest
 
 from hipipe import Collective
 from hipipe.errors import HipipeError
+from hipipe.planners.exact import regions
 from hipipe.planners.exact.model import ExactModel
 from hipipe.planners.exact.planner import mip_settings
 from hipipe.planners.exact.regions import RegionRunner, solve_region
@@ -58,3 +62,20 @@ def test_a_runner_refuses_more_regions_than_workers() -> None:
         runner.submit(0, _region_args((0, 0, 0)))
         with pytest.raises(RuntimeError, match="every worker is busy"):
             runner.submit(1, _region_args((0, 0, 0)))
+
+
+def test_a_failed_start_stops_the_workers_already_started(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second worker cannot start: the first must not outlive the error."""
+    started: list[subprocess.Popen[bytes]] = []
+    real_popen = subprocess.Popen
+
+    def popen_once(*args: Any, **kwargs: Any) -> subprocess.Popen[bytes]:
+        if started:
+            raise OSError("no more processes")
+        started.append(real_popen(*args, **kwargs))
+        return started[0]
+
+    monkeypatch.setattr(regions.subprocess, "Popen", popen_once)
+    with pytest.raises(OSError, match="no more processes"), RegionRunner[int](2):
+        pass
+    assert len(started) == 1 and started[0].wait(timeout=10) is not None
