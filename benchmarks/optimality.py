@@ -3,8 +3,8 @@ and hipipe against the best lower bound ``max(T_mix, T_pipe)``.
 
     python benchmarks/optimality.py [--quick | --preset NAME ... --size SIZE ...] [--time-limit 60]
         [--hard-time-limit 15] [--deeper-time-limit 300] [--floor-time-limit 600] [--floor-jobs 1]
-        [--floor-leaf-time-limit S] [--optimum-time-limit 1200] [--generated 40] [--seed 7]
-        [--collective all_reduce] [--out DIR]
+        [--floor-leaf-time-limit S] [--optimum-time-limit 1200] [--proof-journals DIR]
+        [--generated 40] [--seed 7] [--collective all_reduce] [--out DIR]
 
 For every reference network and message (16 MiB .. 1 GiB): hipipe with its own K against
 the best bound; then for K = 2..4, hipipe forced to K against ``exact`` at K (a MIP with a
@@ -28,6 +28,7 @@ other collectives).
 import argparse
 import datetime
 import functools
+import hashlib
 import json
 import math
 import os
@@ -43,7 +44,7 @@ from rich.table import Table
 
 from hipipe import Dimension, Topology, plan
 from hipipe.bounds import best_bound_s, order_mix_bound_s, pipeline_bound_s
-from hipipe.planners.exact import MAX_CHUNKS, MAX_FLOOR_CHUNKS, plan_exact, prove_floor
+from hipipe.planners.exact import MAX_CHUNKS, MAX_FLOOR_CHUNKS, floor_question, plan_exact, prove_floor
 from hipipe.presets import PRESETS
 from hipipe.schedule import Collective, Schedule
 from hipipe.units import parse_size_bytes
@@ -139,6 +140,7 @@ def run_cell(
     floor_jobs: int = 1,
     floor_leaf_time_limit_s: float | None = None,
     optimum_time_limit_s: float = OPTIMUM_TIME_LIMIT_S,
+    proof_journals: Path | None = None,
 ) -> dict[str, Any]:
     topology = PRESETS[preset]()
     free = plan(topology, message_bytes, "hipipe", collective=collective)
@@ -193,6 +195,7 @@ def run_cell(
         free,
         jobs=floor_jobs,
         leaf_time_limit_s=floor_leaf_time_limit_s,
+        journal_dir=proof_journals,
     )
     cell["floor_proof"] = None
     if cell["bound_goal"] == "missed" and floor_time_limit_s > 0:
@@ -277,14 +280,19 @@ def _prove(
     question: str,
     jobs: int = 1,
     leaf_time_limit_s: float | None = None,
+    journal_dir: Path | None = None,
 ) -> dict[str, Any] | None:
     """Ask the exact MIPs the floor or optimum ``question`` (:func:`_question`) with
     :func:`~hipipe.planners.exact.prove_floor`, and keep the answer as the report does;
-    None where the question cannot help."""
+    None where the question cannot help. With ``journal_dir`` the proof keeps its answered
+    regions there and resumes from an earlier run's (:func:`journal_path`)."""
     asked_about = _question(topology, message_bytes, collective, hipipe, question)
     if asked_about is None:
         return None
     floor_s, k, asked, many_s = asked_about
+    journal = None
+    if journal_dir is not None:
+        journal = journal_path(journal_dir, topology, message_bytes, floor_s, k, collective, question)
     proof = prove_floor(
         topology,
         message_bytes,
@@ -294,6 +302,7 @@ def _prove(
         time_limit_s=time_limit_s,
         leaf_time_limit_s=leaf_time_limit_s,
         jobs=jobs,
+        journal_path=journal,
     )
     return {
         "max_chunks": k,
@@ -313,7 +322,27 @@ def _prove(
         "time_limit_s": time_limit_s,
         "leaf_time_limit_s": leaf_time_limit_s,
         "jobs": jobs,
+        "resumed": proof.resumed,
+        "journal": None if journal is None else str(journal),
     }
+
+
+def journal_path(
+    directory: Path,
+    topology: Topology,
+    message_bytes: int,
+    floor_s: float,
+    max_chunks: int,
+    collective: Collective,
+    question: str,
+) -> Path:
+    """Where a proof's journal lives: named by the cell and the question, plus a digest of
+    the exact question, so a changed floor (a changed bound, a changed hipipe makespan)
+    starts a journal of its own instead of being refused by the old one."""
+    asked = floor_question(topology, message_bytes, floor_s, max_chunks, collective)
+    digest = hashlib.sha256(json.dumps(asked, sort_keys=True).encode()).hexdigest()[:12]
+    size = _size(message_bytes).replace(" ", "")
+    return directory / f"{topology.name}-{collective.value}-{size}-{question}-k{max_chunks}-{digest}.jsonl"
 
 
 def _floor_s(dual_s: float | None, many_s: float) -> float | None:
@@ -581,9 +610,18 @@ def floor_proof_text(cells: list[dict[str, Any]], key: str = "floor_proof") -> l
             f" chunks below {_ms(proof['floor_s'])} ms ({_floor_asked(proof)}): {answer};"
             f" {proof['settled']} of {proof['subproblems']} MIPs settled, {proof.get('refined', 0)} split by"
             f" the next dim, {proof.get('timed_out', 0)} at their time limit ({proof['method']},"
-            f" {proof['nodes']} nodes, {proof['solve_s']:.1f} s on {proof.get('jobs', 1)} process(es)); hipipe {_ms(cell['hipipe_s'])} ms (K={cell['hipipe_num_chunks']})"
+            f" {proof['nodes']} nodes, {proof['solve_s']:.1f} s on {proof.get('jobs', 1)} process(es)"
+            f"{_resumed_text(proof)}); hipipe {_ms(cell['hipipe_s'])} ms (K={cell['hipipe_num_chunks']})"
         )
     return lines
+
+
+def _resumed_text(proof: dict[str, Any]) -> str:
+    """How much of a proof an earlier run's journal answered (nothing when none did)."""
+    resumed = proof.get("resumed", 0)
+    if not resumed:
+        return ""
+    return f"; {resumed} of the regions answered by earlier runs, journal {Path(proof['journal']).name}"
 
 
 def _floor_asked(proof: dict[str, Any]) -> str:
@@ -748,6 +786,12 @@ def main(argv: list[str] | None = None) -> int:
         " --floor-leaf-time-limit apply)",
     )
     parser.add_argument(
+        "--proof-journals",
+        type=Path,
+        help="keep every floor and optimum proof's answered regions in this directory, and"
+        " resume the proofs from what earlier runs left there (one file per question)",
+    )
+    parser.add_argument(
         "--generated", type=int, default=GENERATED, help="generated networks, one K each (0: none)"
     )
     parser.add_argument("--seed", type=int, default=GENERATED_SEED, help="seed of the generated networks")
@@ -771,6 +815,11 @@ def main(argv: list[str] | None = None) -> int:
     ):
         if not (math.isfinite(value) and value >= 0):
             parser.error(f"{flag} must be a number of seconds (0: none), got {value}")
+    if args.proof_journals is not None:
+        try:
+            args.proof_journals.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            parser.error(f"--proof-journals: cannot use {args.proof_journals}: {error.strerror}")
     if args.quick and (args.preset or args.size):
         parser.error("--quick picks its own networks and sizes: drop --preset and --size")
     presets = QUICK_PRESETS if args.quick else tuple(args.preset or PRESETS)
@@ -793,6 +842,7 @@ def main(argv: list[str] | None = None) -> int:
                     floor_jobs=args.floor_jobs,
                     floor_leaf_time_limit_s=args.floor_leaf_time_limit,
                     optimum_time_limit_s=args.optimum_time_limit,
+                    proof_journals=args.proof_journals,
                 )
             )
             print(

@@ -5,9 +5,11 @@ proven; just above it, the MIPs find a schedule below the floor, and the simulat
 re-timing agrees. No timing assertions (``benchmarks/optimality.py`` measures them).
 """
 
+import functools
 import json
 import math
 from dataclasses import replace
+from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -332,3 +334,50 @@ def test_the_optimum_proof_is_skipped_past_the_floor_proofs_chunks(optimality_be
         )
         is None
     )
+
+
+def test_the_optimality_benchmarks_proofs_resume_from_their_journals(
+    optimality_benchmark: ModuleType, tmp_path: Path
+) -> None:
+    """With a journal directory, a proof keeps its answers in a file named by the cell and
+    the question; asked again, it is answered from there and the report says so. A changed
+    question (another floor) gets a file of its own."""
+    topology = PRESETS["hgx-h100-32"]()
+    hipipe = plan(topology, 16 * MIB, "hipipe")
+    prove = functools.partial(
+        optimality_benchmark._prove,
+        topology,
+        16 * MIB,
+        Collective.ALL_REDUCE,
+        hipipe,
+        60.0,
+        question="optimum",
+        journal_dir=tmp_path,
+    )
+    first = prove()
+    assert first is not None and first["proven"] and first["resumed"] == 0
+    journal = Path(first["journal"])
+    assert journal.parent == tmp_path and journal.name.startswith("hgx-h100-32-all_reduce-16MiB-optimum-k2-")
+    again = prove()
+    assert again is not None and again["proven"] and again["resumed"] == 1 and again["nodes"] == 0
+    assert again["journal"] == first["journal"]
+    cell = {"preset": "hgx-h100-32", "message_bytes": 16 * MIB, "hipipe_s": hipipe.makespan_s}
+    text = optimality_benchmark.floor_proof_text(
+        [{**cell, "hipipe_num_chunks": 2, "optimum_proof": again}], "optimum_proof"
+    )
+    assert f"1 of the regions answered by earlier runs, journal {journal.name}" in text[0]
+    other = optimality_benchmark.journal_path(
+        tmp_path, topology, 16 * MIB, first["floor_s"] * 0.99, 2, Collective.ALL_REDUCE, "optimum"
+    )
+    assert other != journal and not other.exists()
+
+
+def test_the_optimality_benchmark_refuses_a_journal_directory_it_cannot_make(
+    optimality_benchmark: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(SystemExit) as caught:
+        optimality_benchmark.main(["--proof-journals", str(blocker / "journals"), "--quick"])
+    assert caught.value.code == 2
+    assert "--proof-journals: cannot use" in capsys.readouterr().err

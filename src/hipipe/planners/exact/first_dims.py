@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from hipipe.planners.exact.journal import ProofJournal
 from hipipe.planners.exact.model import ExactModel, Order
 from hipipe.planners.exact.regions import RegionRunner
 
@@ -65,6 +66,9 @@ class SplitSolve:
     timed_out: int = 0
     """Regions whose MIP reached its time limit and were not split (the others left
     open were never reached before the overall limit or the first schedule found)."""
+    resumed: int = 0
+    """Regions answered from the journal of an earlier run (counted in ``settled`` or
+    ``refined`` as it answered them) rather than solved again."""
 
 
 def first_dim_multisets(num_dims: int, num_chunks: int, first: Sequence[int] = ()) -> list[tuple[int, ...]]:
@@ -121,6 +125,7 @@ def solve_by_first_dims(
     refine_after_s: float | None = None,
     leaf_time_limit_s: float | None = None,
     jobs: int = 1,
+    journal: ProofJournal | None = None,
 ) -> SplitSolve:
     """Solve the model one first-dim multiset at a time within ``time_limit_s`` in all.
 
@@ -135,13 +140,18 @@ def solve_by_first_dims(
     left open leaves the search unproven either way, but a budget lets the search go on to
     the other regions). ``jobs``: regions solved at once, each in its own process (the
     regions are independent; a cutoff improved by one reaches the MIPs started after it).
+    ``journal``: read the regions an earlier run answered from it, and write each answer
+    given here to it; only for a fixed cutoff (``stop_when_found``, no relative gap: a
+    floor proof), since a region pruned below one cutoff says nothing about a higher one.
     """
+    if journal is not None and not (stop_when_found and relative_gap == 0):
+        raise ValueError("a proof journal needs a fixed cutoff: stop_when_found and no relative gap")
     deadline_s = time.perf_counter() + time_limit_s
     num_dims = model.topology.num_dims
     best = incumbent
     best_values: np.ndarray | None = None
     open_bounds: list[float] = []
-    nodes = subproblems = settled = refined = timed_out = 0
+    nodes = subproblems = settled = refined = timed_out = resumed = 0
     # Depth first: a split region's children are searched before the regions after it.
     pending = [
         _Region(prefixes=tuple((dim,) for dim in multiset), parent_bound=floor)
@@ -157,6 +167,15 @@ def solve_by_first_dims(
             while pending and len(in_flight) < jobs:
                 region = pending.pop()
                 subproblems += 1
+                answered = None if journal is None else journal.outcome(region.prefixes)
+                if answered is not None:
+                    resumed += 1
+                    if answered == "settled":
+                        settled += 1
+                    else:
+                        refined += 1
+                        pending.extend(_children(region, region.parent_bound, num_dims))
+                    continue
                 remaining_s = deadline_s - time.perf_counter()
                 if remaining_s <= 0:
                     open_bounds.append(region.parent_bound)
@@ -175,6 +194,8 @@ def solve_by_first_dims(
                 best, best_values = float(result.values[model.makespan_col]), result.values
             if result.settled:
                 settled += 1
+                if journal is not None and result.values is None:
+                    journal.record(region.prefixes, "settled")
             elif stop_when_found and best_values is not None:
                 open_bounds.append(max(region.parent_bound, result.dual_bound))
             elif is_leaf(region):
@@ -182,11 +203,9 @@ def solve_by_first_dims(
                 open_bounds.append(max(region.parent_bound, result.dual_bound))
             else:
                 refined += 1
-                bound = max(region.parent_bound, result.dual_bound)
-                pending.extend(
-                    _Region(prefixes=child, parent_bound=bound)
-                    for child in reversed(refinements(region.prefixes, num_dims))
-                )
+                pending.extend(_children(region, max(region.parent_bound, result.dual_bound), num_dims))
+                if journal is not None:
+                    journal.record(region.prefixes, "refined")
             if stop_when_found and best_values is not None:
                 break  # leaving the runner stops the MIPs still running
     # Regions not solved: never started, or stopped early by a schedule found elsewhere.
@@ -202,4 +221,14 @@ def solve_by_first_dims(
         settled=settled,
         refined=refined,
         timed_out=timed_out,
+        resumed=resumed,
     )
+
+
+def _children(region: _Region, bound: float, num_dims: int) -> list[_Region]:
+    """``region`` split by the next dim of the orders, to be pushed on the depth-first
+    stack (so the first refinement is searched first)."""
+    return [
+        _Region(prefixes=child, parent_bound=bound)
+        for child in reversed(refinements(region.prefixes, num_dims))
+    ]

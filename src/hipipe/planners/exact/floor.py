@@ -24,11 +24,14 @@ most K bounds every schedule: it has at most K chunks (at least X) or more (at l
 import math
 import time
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import highspy
 
 from hipipe.errors import HipipeError
 from hipipe.planners.exact.first_dims import solve_by_first_dims
+from hipipe.planners.exact.journal import REGION_CONVENTION, ProofJournal
 from hipipe.planners.exact.model import ExactModel, new_solver, solver_values
 from hipipe.planners.exact.planner import (
     DEFAULT_TIME_LIMIT_S,
@@ -76,6 +79,9 @@ class FloorProof:
     rest of the unsettled ones were never reached)."""
     nodes: int
     solve_s: float
+    resumed: int = 0
+    """Regions answered from the journal of an earlier run, not solved again (counted in
+    ``settled`` or ``refined``)."""
 
     @property
     def proven_floor_s(self) -> float | None:
@@ -96,6 +102,7 @@ def prove_floor(
     refine_after_s: float | None = REFINE_AFTER_S,
     leaf_time_limit_s: float | None = None,
     jobs: int = 1,
+    journal_path: str | Path | None = None,
 ) -> FloorProof:
     """Prove, within ``time_limit_s``, that no hierarchical schedule with at most
     ``max_chunks`` chunks (single-dim ops, one op per dim at a time) finishes before
@@ -105,7 +112,9 @@ def prove_floor(
     the most one fixed-order subproblem gets (None: the rest of the limit), so that one
     hard leaf cannot hold the whole limit and the report shows how many stay open;
     ``jobs``: first-dims subproblems solved at once, one process each (answers do not
-    depend on it; the whole method is one MIP and runs alone)."""
+    depend on it; the whole method is one MIP and runs alone); ``journal_path``: a file
+    that keeps every region this proof answers and that a later call with the same
+    question resumes from (:mod:`~hipipe.planners.exact.journal`; None: keep nothing)."""
     collective = Collective.parse(collective)
     validate_instance(
         topology,
@@ -122,6 +131,11 @@ def prove_floor(
         if value is not None and not (value > 0 and math.isfinite(value)):
             raise HipipeError(f"{name} must be a positive number of seconds or None, got {value!r}")
     started = time.perf_counter()
+    journal = None
+    if journal_path is not None:
+        journal = ProofJournal(
+            journal_path, floor_question(topology, message_bytes, floor_s, max_chunks, collective)
+        )
     model = ExactModel(
         topology, message_bytes, max_chunks, collective, time_unit_s=floor_s, symmetry="sequence"
     )
@@ -129,7 +143,12 @@ def prove_floor(
         method = "first-dims" if max_chunks >= SPLIT_FROM_CHUNKS and topology.num_dims >= 3 else "whole"
     # One schedule below the floor disproves it: each MIP stops at the first one it finds.
     settings = {**mip_settings(), "mip_max_improving_sols": 1}
-    if method == "first-dims":
+    answered = journal is not None and journal.outcome(()) == "settled"
+    if answered:
+        # An earlier run proved the whole question (the region of no prefixes).
+        values, settled, subproblems, nodes, refined, timed_out, proven = None, 1, 1, 0, 0, 0, True
+        resumed = 1
+    elif method == "first-dims":
         split = solve_by_first_dims(
             model,
             settings,
@@ -142,11 +161,14 @@ def prove_floor(
             refine_after_s=refine_after_s,
             leaf_time_limit_s=leaf_time_limit_s,
             jobs=jobs,
+            journal=journal,
         )
+        resumed = split.resumed
         values, subproblems, settled, nodes = split.values, split.subproblems, split.settled, split.nodes
         refined, timed_out = split.refined, split.timed_out
         proven = split.proven and values is None
     else:
+        resumed = 0
         solver = new_solver(model, {**settings, "time_limit": float(time_limit_s), "objective_bound": 1.0})
         solver.run()
         status = solver.getModelStatus()
@@ -159,6 +181,8 @@ def prove_floor(
         subproblems, nodes, refined = 1, int(info.mip_node_count), 0
         timed_out = int(not settled and values is None)
         proven = bool(settled) and values is None
+    if journal is not None and proven and not answered:
+        journal.record((), "settled")  # the whole question, whichever way it was proven
     faster_s = None if values is None else schedule_from_values(model, values).makespan_s
     return FloorProof(
         floor_s=floor_s,
@@ -172,4 +196,21 @@ def prove_floor(
         timed_out=timed_out,
         nodes=nodes,
         solve_s=time.perf_counter() - started,
+        resumed=resumed,
     )
+
+
+def floor_question(
+    topology: Topology, message_bytes: int, floor_s: float, max_chunks: int, collective: Collective
+) -> dict[str, Any]:
+    """What a floor proof asks, as its journal records it: a journal answers only the same
+    question (the topology in full, so a changed rate or latency is another question)."""
+    return {
+        "topology_name": topology.name,
+        "topology": repr(topology),
+        "message_bytes": int(message_bytes),
+        "collective": collective.value,
+        "max_chunks": int(max_chunks),
+        "floor_s": float(floor_s),
+        "region_convention": REGION_CONVENTION,
+    }
