@@ -15,7 +15,9 @@ T_pipe counting k + 1 (:data:`FLOOR_TIME_LIMIT_S`, ``--floor-time-limit``); if t
 still missed, exact runs at K = 5 and 6 for a tighter floor or a proof of hipipe's own K
 (:data:`DEEPER_BOUND_CHUNKS`, ``--deeper-time-limit`` each); if it is missed still, the MIPs
 are asked whether any schedule with at most hipipe's own K chunks beats hipipe's plan
-(:data:`OPTIMUM_TIME_LIMIT_S`, ``--optimum-time-limit``). Prints a card per network, the
+(:data:`OPTIMUM_TIME_LIMIT_S`, ``--optimum-time-limit``). With ``--proof-journals DIR``
+those proofs keep every region they answer in DIR and a later run resumes them from there
+(:mod:`hipipe.planners.exact.journal`). Prints a card per network, the
 goals, the cells where the exact planner found a better structure (orders and sizes side
 by side), and ends with one JSON line. Then the same comparison on ``--generated`` random
 networks (held out: 2-4 dims, one K in 2..4 each), where the goal is checked as users will.
@@ -44,7 +46,7 @@ from rich.table import Table
 
 from hipipe import Dimension, Topology, plan
 from hipipe.bounds import best_bound_s, order_mix_bound_s, pipeline_bound_s
-from hipipe.planners.exact import MAX_CHUNKS, MAX_FLOOR_CHUNKS, floor_question, plan_exact, prove_floor
+from hipipe.planners.exact import MAX_CHUNKS, MAX_FLOOR_CHUNKS, floor_instance, plan_exact, prove_floor
 from hipipe.presets import PRESETS
 from hipipe.schedule import Collective, Schedule
 from hipipe.units import parse_size_bytes
@@ -292,7 +294,7 @@ def _prove(
     floor_s, k, asked, many_s = asked_about
     journal = None
     if journal_dir is not None:
-        journal = journal_path(journal_dir, topology, message_bytes, floor_s, k, collective, question)
+        journal = journal_path(journal_dir, topology, message_bytes, k, collective)
     proof = prove_floor(
         topology,
         message_bytes,
@@ -328,21 +330,16 @@ def _prove(
 
 
 def journal_path(
-    directory: Path,
-    topology: Topology,
-    message_bytes: int,
-    floor_s: float,
-    max_chunks: int,
-    collective: Collective,
-    question: str,
+    directory: Path, topology: Topology, message_bytes: int, max_chunks: int, collective: Collective
 ) -> Path:
-    """Where a proof's journal lives: named by the cell and the question, plus a digest of
-    the exact question, so a changed floor (a changed bound, a changed hipipe makespan)
-    starts a journal of its own instead of being refused by the old one."""
-    asked = floor_question(topology, message_bytes, floor_s, max_chunks, collective)
-    digest = hashlib.sha256(json.dumps(asked, sort_keys=True).encode()).hexdigest()[:12]
+    """Where the proofs of one instance keep their journal: named by the cell and the most
+    chunks, plus a digest of the whole instance (a changed topology starts a journal of its
+    own instead of being refused by the old one). The floor and optimum questions of a cell
+    with the same k share it: a region settled at hipipe's makespan is settled below it."""
+    instance = floor_instance(topology, message_bytes, max_chunks, collective)
+    digest = hashlib.sha256(json.dumps(instance, sort_keys=True).encode()).hexdigest()[:12]
     size = _size(message_bytes).replace(" ", "")
-    return directory / f"{topology.name}-{collective.value}-{size}-{question}-k{max_chunks}-{digest}.jsonl"
+    return directory / f"{topology.name}-{collective.value}-{size}-k{max_chunks}-{digest}.jsonl"
 
 
 def _floor_s(dual_s: float | None, many_s: float) -> float | None:
@@ -789,7 +786,7 @@ def main(argv: list[str] | None = None) -> int:
         "--proof-journals",
         type=Path,
         help="keep every floor and optimum proof's answered regions in this directory, and"
-        " resume the proofs from what earlier runs left there (one file per question)",
+        " resume the proofs from what earlier runs left there (one file per cell and most chunks)",
     )
     parser.add_argument(
         "--generated", type=int, default=GENERATED, help="generated networks, one K each (0: none)"

@@ -2,8 +2,9 @@
 
 The proofs are the small ones of ``test_exact_floor`` (rfs-3d at 256 MiB, five chunks: 21
 first-dim regions, a few seconds). A journal cut short as a killed run would leave it must
-give the same answer with fewer regions solved; a journal for another question, or one
-damaged before its last line, is refused with one line.
+give the same answer with fewer regions solved; a region settled at a floor answers every
+lower floor and no higher one; a journal for another instance, or one damaged before its
+last line, is refused with one line.
 """
 
 import json
@@ -135,24 +136,36 @@ def test_the_whole_method_keeps_its_answer_too(tmp_path: Path) -> None:
     assert again.proven and again.resumed == 1 and again.nodes == 0
 
 
-@pytest.mark.parametrize(
-    ("change", "fragment"),
-    [
-        ({"floor_s": 1.0}, "was written for another question"),
-        ({"max_chunks": 4}, "was written for another question"),
-    ],
-)
-def test_a_journal_for_another_question_is_refused(
-    tmp_path: Path, change: dict[str, object], fragment: str
-) -> None:
+def test_a_region_settled_at_a_floor_answers_lower_floors_only(tmp_path: Path) -> None:
+    """Proven at the rfs floor, the regions answer a floor 1% lower from the journal; a
+    floor 1% higher is asked afresh (the journal answers nothing there) and adds lines of
+    its own, at its floor."""
     topology, journal = PRESETS["rfs-3d"](), tmp_path / "proof.jsonl"
-    arguments: dict[str, object] = {"floor_s": rfs_floor_s(), "max_chunks": 5}
-    prove_floor(topology, 256 * MIB, journal_path=journal, **arguments)  # type: ignore[arg-type]
+    floor_s = rfs_floor_s()
+    prove_floor(topology, 256 * MIB, floor_s, max_chunks=5, journal_path=journal)
+    lower = prove_floor(topology, 256 * MIB, floor_s * 0.99, max_chunks=5, journal_path=journal)
+    assert lower.proven and lower.resumed == 1 and lower.nodes == 0
+    written = len(journal_lines(journal))
+    higher = prove_floor(topology, 256 * MIB, floor_s * 1.01, max_chunks=5, journal_path=journal)
+    assert higher.resumed == 0 and higher.nodes > 0
+    added = journal_lines(journal)[written:]
+    assert added and all(line["floor_s"] == floor_s * 1.01 for line in added)
+    assert sum(line["outcome"] == "settled" for line in added) == higher.settled + higher.proven
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"max_chunks": 4}, {"message_bytes": 128 * MIB}],
+)
+def test_a_journal_for_another_instance_is_refused(tmp_path: Path, change: dict[str, object]) -> None:
+    topology, journal = PRESETS["rfs-3d"](), tmp_path / "proof.jsonl"
+    arguments: dict[str, object] = {"message_bytes": 256 * MIB, "floor_s": rfs_floor_s(), "max_chunks": 5}
+    prove_floor(topology, journal_path=journal, **arguments)  # type: ignore[arg-type]
     before = journal.read_text()
-    with pytest.raises(HipipeError, match=fragment) as caught:
-        prove_floor(topology, 256 * MIB, journal_path=journal, **{**arguments, **change})  # type: ignore[arg-type]
+    with pytest.raises(HipipeError, match="was written for another instance") as caught:
+        prove_floor(topology, journal_path=journal, **{**arguments, **change})  # type: ignore[arg-type]
     assert "\n" not in str(caught.value)
-    assert journal.read_text() == before  # nothing written to a journal of another question
+    assert journal.read_text() == before  # nothing written to a journal of another instance
 
 
 @pytest.mark.parametrize(
@@ -160,36 +173,42 @@ def test_a_journal_for_another_question_is_refused(
     [
         ("", "no question line"),
         ("not json\n", "does not start with a question line"),
-        ('{"question": null}\n{"prefixes": [[0]], "outcome": "settled"}\n', "another question"),
+        (
+            '{"question": null}\n{"prefixes": [[0]], "outcome": "settled", "floor_s": 1.0}\n',
+            "another instance",
+        ),
     ],
 )
 def test_a_file_that_is_not_a_journal_is_refused(tmp_path: Path, text: str, fragment: str) -> None:
     journal = tmp_path / "proof.jsonl"
     journal.write_text(text)
     with pytest.raises(HipipeError, match=fragment):
-        ProofJournal(journal, {"floor_s": 1.0})
+        ProofJournal(journal, {"max_chunks": 1})
 
 
 @pytest.mark.parametrize(
     "line",
     [
-        '{"prefixes": [[0]]}',
-        '{"prefixes": [["x"]], "outcome": "settled"}',
-        '{"prefixes": [[0]], "outcome": "open"}',
+        '{"prefixes": [[0]], "floor_s": 1.0}',
+        '{"prefixes": [["x"]], "outcome": "settled", "floor_s": 1.0}',
+        '{"prefixes": [[0]], "outcome": "open", "floor_s": 1.0}',
+        '{"prefixes": [[0]], "outcome": "settled"}',
+        '{"prefixes": [[0]], "outcome": "settled", "floor_s": -1.0}',
     ],
 )
 def test_a_damaged_line_before_the_last_is_refused(tmp_path: Path, line: str) -> None:
     journal = tmp_path / "proof.jsonl"
-    question = {"floor_s": 1.0}
-    ProofJournal(journal, question).record(((0,),), "settled")
-    journal.write_text(journal.read_text() + line + "\n" + '{"prefixes": [[1]], "outcome": "settled"}\n')
+    question = {"max_chunks": 1}
+    ProofJournal(journal, question).record(((0,),), "settled", 1.0)
+    good = '{"prefixes": [[1]], "outcome": "settled", "floor_s": 1.0}'
+    journal.write_text(journal.read_text() + line + "\n" + good + "\n")
     with pytest.raises(HipipeError, match="line 3"):
         ProofJournal(journal, question)
 
 
 def test_a_journal_in_a_missing_directory_is_a_one_line_error_and_leaves_nothing(tmp_path: Path) -> None:
     with pytest.raises(HipipeError, match="cannot start the proof journal"):
-        ProofJournal(tmp_path / "missing" / "proof.jsonl", {"floor_s": 1.0})
+        ProofJournal(tmp_path / "missing" / "proof.jsonl", {"max_chunks": 1})
     assert list(tmp_path.iterdir()) == []
 
 
@@ -206,6 +225,6 @@ def test_a_journal_needs_a_fixed_cutoff(tmp_path: Path) -> None:
             floor=0.0,
             relative_gap=0.0,
             time_limit_s=1.0,
-            journal=ProofJournal(tmp_path / "proof.jsonl", {"floor_s": 1.0}),
+            journal=ProofJournal(tmp_path / "proof.jsonl", {"max_chunks": 5}),
         )
-    assert journal_lines(tmp_path / "proof.jsonl") == [{"question": {"floor_s": 1.0}}]
+    assert journal_lines(tmp_path / "proof.jsonl") == [{"question": {"max_chunks": 5}}]

@@ -8,7 +8,7 @@
 - :mod:`.journal` -- the regions a floor proof answered, kept on disk so a later run resumes
 """
 
-from hipipe.planners.exact.floor import MAX_FLOOR_CHUNKS, FloorProof, floor_question, prove_floor
+from hipipe.planners.exact.floor import MAX_FLOOR_CHUNKS, FloorProof, floor_instance, prove_floor
 from hipipe.planners.exact.planner import DEFAULT_TIME_LIMIT_S, MAX_CHUNKS, MAX_DIMS, METHODS, plan_exact
 
 __all__ = [
@@ -18,7 +18,7 @@ __all__ = [
     "MAX_FLOOR_CHUNKS",
     "METHODS",
     "FloorProof",
-    "floor_question",
+    "floor_instance",
     "plan_exact",
     "prove_floor",
 ]

@@ -146,6 +146,7 @@ def solve_by_first_dims(
     """
     if journal is not None and not (stop_when_found and relative_gap == 0):
         raise ValueError("a proof journal needs a fixed cutoff: stop_when_found and no relative gap")
+    cutoff_s = incumbent * model.time_unit_s  # the floor every region is asked about
     deadline_s = time.perf_counter() + time_limit_s
     num_dims = model.topology.num_dims
     best = incumbent
@@ -167,7 +168,7 @@ def solve_by_first_dims(
             while pending and len(in_flight) < jobs:
                 region = pending.pop()
                 subproblems += 1
-                answered = None if journal is None else journal.outcome(region.prefixes)
+                answered = None if journal is None else journal.outcome(region.prefixes, cutoff_s)
                 if answered is not None:
                     resumed += 1
                     if answered == "settled":
@@ -195,7 +196,7 @@ def solve_by_first_dims(
             if result.settled:
                 settled += 1
                 if journal is not None and result.values is None:
-                    journal.record(region.prefixes, "settled")
+                    journal.record(region.prefixes, "settled", cutoff_s)
             elif stop_when_found and best_values is not None:
                 open_bounds.append(max(region.parent_bound, result.dual_bound))
             elif is_leaf(region):
@@ -205,7 +206,7 @@ def solve_by_first_dims(
                 refined += 1
                 pending.extend(_children(region, max(region.parent_bound, result.dual_bound), num_dims))
                 if journal is not None:
-                    journal.record(region.prefixes, "refined")
+                    journal.record(region.prefixes, "refined", cutoff_s)
             if stop_when_found and best_values is not None:
                 break  # leaving the runner stops the MIPs still running
     # Regions not solved: never started, or stopped early by a schedule found elsewhere.

@@ -114,7 +114,7 @@ def prove_floor(
     ``jobs``: first-dims subproblems solved at once, one process each (answers do not
     depend on it; the whole method is one MIP and runs alone); ``journal_path``: a file
     that keeps every region this proof answers and that a later call with the same
-    question resumes from (:mod:`~hipipe.planners.exact.journal`; None: keep nothing)."""
+    instance resumes from (:mod:`~hipipe.planners.exact.journal`; None: keep nothing)."""
     collective = Collective.parse(collective)
     validate_instance(
         topology,
@@ -133,9 +133,7 @@ def prove_floor(
     started = time.perf_counter()
     journal = None
     if journal_path is not None:
-        journal = ProofJournal(
-            journal_path, floor_question(topology, message_bytes, floor_s, max_chunks, collective)
-        )
+        journal = ProofJournal(journal_path, floor_instance(topology, message_bytes, max_chunks, collective))
     model = ExactModel(
         topology, message_bytes, max_chunks, collective, time_unit_s=floor_s, symmetry="sequence"
     )
@@ -143,7 +141,7 @@ def prove_floor(
         method = "first-dims" if max_chunks >= SPLIT_FROM_CHUNKS and topology.num_dims >= 3 else "whole"
     # One schedule below the floor disproves it: each MIP stops at the first one it finds.
     settings = {**mip_settings(), "mip_max_improving_sols": 1}
-    answered = journal is not None and journal.outcome(()) == "settled"
+    answered = journal is not None and journal.outcome((), floor_s) == "settled"
     if answered:
         # An earlier run proved the whole question (the region of no prefixes).
         values, settled, subproblems, nodes, refined, timed_out, proven = None, 1, 1, 0, 0, 0, True
@@ -182,7 +180,7 @@ def prove_floor(
         timed_out = int(not settled and values is None)
         proven = bool(settled) and values is None
     if journal is not None and proven and not answered:
-        journal.record((), "settled")  # the whole question, whichever way it was proven
+        journal.record((), "settled", floor_s)  # the whole question, whichever way it was proven
     faster_s = None if values is None else schedule_from_values(model, values).makespan_s
     return FloorProof(
         floor_s=floor_s,
@@ -200,17 +198,17 @@ def prove_floor(
     )
 
 
-def floor_question(
-    topology: Topology, message_bytes: int, floor_s: float, max_chunks: int, collective: Collective
+def floor_instance(
+    topology: Topology, message_bytes: int, max_chunks: int, collective: Collective
 ) -> dict[str, Any]:
-    """What a floor proof asks, as its journal records it: a journal answers only the same
-    question (the topology in full, so a changed rate or latency is another question)."""
+    """What a floor proof asks about but the floor, as its journal records it: a journal
+    answers only the same instance (the topology in full, so a changed rate or latency is
+    another instance); its lines say which floor each region was settled at."""
     return {
         "topology_name": topology.name,
         "topology": repr(topology),
         "message_bytes": int(message_bytes),
         "collective": collective.value,
         "max_chunks": int(max_chunks),
-        "floor_s": float(floor_s),
         "region_convention": REGION_CONVENTION,
     }

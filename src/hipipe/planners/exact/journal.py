@@ -7,20 +7,24 @@ regions are independent facts ("no schedule whose chunks' orders begin with thes
 is faster than X"), true whichever run found them, so a run that stops early (a time limit,
 Ctrl-C, a reboot) need not lose them.
 
-The file is JSON lines. The first names the question (topology, message, collective, the
-most chunks, the floor, and :data:`REGION_CONVENTION`); a journal is only ever read for the
-question it was written for, anything else is refused with one line. Every later line is
-one region's answer: ``settled`` (its MIP pruned or solved it: nothing there below the floor)
-or ``refined`` (it was split by the next dim of the orders, which covers it: a resumed run
-splits it at once instead of spending its refinement time again). Lines are appended and
-flushed to disk one by one, so a run killed at any moment leaves every answer before the
-last line; a torn last line (killed mid-write) is dropped when the journal is read, a torn
-line anywhere else is refused. Regions left open (a leaf at its time limit, regions never
+The file is JSON lines. The first names the instance (topology, message, collective, the
+most chunks, and :data:`REGION_CONVENTION`); a journal is only ever read for the instance
+it was written for, anything else is refused with one line. Every later line is one
+region's answer: ``settled`` at a floor (its MIP pruned or solved it: nothing there below
+that floor, hence below any lower one either) or ``refined`` (it was split by the next dim
+of the orders, which covers it whatever the floor: a resumed run splits it at once instead
+of spending its refinement time again). The floor is per line, not per file, because the
+floors asked of one instance move: the optimality benchmark asks hipipe's makespan less 5%,
+or hipipe's makespan itself, and a run that answers the higher floor answers the lower.
+Lines are appended and flushed to disk one by one, so a run killed at any moment leaves
+every answer before the last line; a torn last line (killed mid-write) is dropped when the
+journal is read, a damaged line anywhere else is refused. Regions left open (a leaf at its time limit, regions never
 reached) are not written: a resumed run tries them again. A schedule found below the floor
 is not written either: it ends the proof, and the run that found it reports it.
 """
 
 import json
+import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,16 +41,21 @@ are refused rather than misread."""
 
 Outcome = Literal["settled", "refined"]
 OUTCOMES: tuple[Outcome, ...] = ("settled", "refined")
+Region = tuple[Order, ...]
 
 
 class ProofJournal:
-    """The answered regions of one floor proof, read from ``path`` and appended to it."""
+    """The answered regions of floor proofs on one instance, read from ``path`` and
+    appended to it."""
 
     def __init__(self, path: str | Path, question: dict[str, Any]) -> None:
-        """Open (or start) the journal at ``path`` for ``question`` (JSON-serializable)."""
+        """Open (or start) the journal at ``path`` for the instance ``question``
+        (JSON-serializable: everything a floor proof asks but the floor)."""
         self.path = Path(path)
         self.question = json.loads(json.dumps(question))  # as it reads back from the file
-        self._outcomes: dict[tuple[Order, ...], Outcome] = {}
+        self._settled_s: dict[Region, float] = {}
+        """Each settled region's highest floor."""
+        self._refined: set[Region] = set()
         if self.path.exists():
             self._read()
         else:
@@ -85,52 +94,68 @@ class ProofJournal:
             raise HipipeError(f"the proof journal {self.path} does not start with a question line") from None
         if not isinstance(header, dict) or header.get("question") != self.question:
             raise HipipeError(
-                f"the proof journal {self.path} was written for another question"
+                f"the proof journal {self.path} was written for another instance"
                 f" ({_describe(header.get('question') if isinstance(header, dict) else None)});"
-                f" this proof asks {_describe(self.question)}: give it another file"
+                f" this proof asks about {_describe(self.question)}: give it another file"
             )
         for number, line in enumerate(lines[1:], start=2):
-            prefixes, outcome = _parse_entry(line, self.path, number)
-            self._outcomes[prefixes] = outcome
+            self._note(*_parse_entry(line, self.path, number))
         if torn:
             # A run killed mid-write: drop the partial line so the next append starts clean.
             with open(self.path, "r+", encoding="utf-8") as stream:
                 stream.truncate(len(text.encode("utf-8")) - len(torn.encode("utf-8")))
 
-    def outcome(self, prefixes: Sequence[Order]) -> Outcome | None:
-        """What an earlier run answered for the region ``prefixes``; None if it did not."""
-        return self._outcomes.get(tuple(tuple(p) for p in prefixes))
+    def _note(self, region: Region, outcome: Outcome, floor_s: float) -> None:
+        if outcome == "settled":
+            self._settled_s[region] = max(floor_s, self._settled_s.get(region, floor_s))
+        else:
+            self._refined.add(region)
 
-    def record(self, prefixes: Sequence[Order], outcome: Outcome) -> None:
-        """Append the answer for region ``prefixes`` and flush it to disk."""
-        key = tuple(tuple(int(d) for d in p) for p in prefixes)
-        line = json.dumps({"prefixes": [list(p) for p in key], "outcome": outcome}) + "\n"
+    def outcome(self, prefixes: Sequence[Order], floor_s: float) -> Outcome | None:
+        """What earlier runs answered for the region ``prefixes`` asked about ``floor_s``:
+        settled at that floor or a higher one, else split, else None."""
+        region = _region(prefixes)
+        if self._settled_s.get(region, -math.inf) >= floor_s:
+            return "settled"
+        return "refined" if region in self._refined else None
+
+    def record(self, prefixes: Sequence[Order], outcome: Outcome, floor_s: float) -> None:
+        """Append the answer for region ``prefixes`` at ``floor_s`` and flush it to disk."""
+        region = _region(prefixes)
+        entry = {"prefixes": [list(p) for p in region], "outcome": outcome, "floor_s": float(floor_s)}
         with open(self.path, "a", encoding="utf-8") as stream:
-            stream.write(line)
+            stream.write(json.dumps(entry) + "\n")
             stream.flush()
             os.fsync(stream.fileno())
-        self._outcomes[key] = outcome
+        self._note(region, outcome, float(floor_s))
 
     def __len__(self) -> int:
-        return len(self._outcomes)
+        return len(self._settled_s.keys() | self._refined)
 
 
-def _parse_entry(line: str, path: Path, number: int) -> tuple[tuple[Order, ...], Outcome]:
-    """One region line: its prefixes (lists of dims) and its outcome."""
+def _region(prefixes: Sequence[Order]) -> Region:
+    return tuple(tuple(int(d) for d in p) for p in prefixes)
+
+
+def _parse_entry(line: str, path: Path, number: int) -> tuple[Region, Outcome, float]:
+    """One region line: its prefixes (lists of dims), its outcome and the floor asked."""
     try:
         entry = json.loads(line)
-        prefixes = tuple(tuple(int(d) for d in prefix) for prefix in entry["prefixes"])
+        region = tuple(tuple(int(d) for d in prefix) for prefix in entry["prefixes"])
         outcome = entry["outcome"]
+        floor_s = float(entry["floor_s"])
     except (json.JSONDecodeError, KeyError, TypeError, ValueError):
         raise HipipeError(f"the proof journal {path} has a malformed line {number}") from None
     if outcome not in OUTCOMES:
         raise HipipeError(f"the proof journal {path} line {number}: unknown outcome {outcome!r}")
-    return prefixes, outcome
+    if not (floor_s > 0 and math.isfinite(floor_s)):
+        raise HipipeError(f"the proof journal {path} line {number}: floor {floor_s!r} is not a time")
+    return region, outcome, floor_s
 
 
 def _describe(question: object) -> str:
     """A short account of a question for an error line."""
     if not isinstance(question, dict):
         return "no question"
-    keys = ("topology_name", "message_bytes", "collective", "max_chunks", "floor_s")
+    keys = ("topology_name", "message_bytes", "collective", "max_chunks")
     return ", ".join(f"{key} {question.get(key)}" for key in keys)
