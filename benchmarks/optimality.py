@@ -47,6 +47,7 @@ from rich.table import Table
 from hipipe import Dimension, Topology, plan
 from hipipe.bounds import best_bound_s, order_mix_bound_s, pipeline_bound_s
 from hipipe.planners.exact import MAX_CHUNKS, MAX_FLOOR_CHUNKS, floor_instance, plan_exact, prove_floor
+from hipipe.planners.exact.first_dims import SplitProgress
 from hipipe.presets import PRESETS
 from hipipe.schedule import Collective, Schedule
 from hipipe.units import parse_size_bytes
@@ -295,6 +296,7 @@ def _prove(
     journal = None
     if journal_dir is not None:
         journal = journal_path(journal_dir, topology, message_bytes, k, collective)
+    what = f"{topology.name} {_size(message_bytes)} {question} proof (k = {k})"
     proof = prove_floor(
         topology,
         message_bytes,
@@ -305,6 +307,7 @@ def _prove(
         leaf_time_limit_s=leaf_time_limit_s,
         jobs=jobs,
         journal_path=journal,
+        progress=ProgressLine(what),
     )
     return {
         "max_chunks": k,
@@ -327,6 +330,33 @@ def _prove(
         "resumed": proof.resumed,
         "journal": None if journal is None else str(journal),
     }
+
+
+PROGRESS_EVERY_S = 60.0
+"""A long proof prints where it stands on stderr at most this often."""
+
+
+class ProgressLine:
+    """Prints a proof's :class:`~hipipe.planners.exact.first_dims.SplitProgress` on stderr,
+    at most every :data:`PROGRESS_EVERY_S` (a proof can answer thousands of regions)."""
+
+    def __init__(self, what: str, every_s: float = PROGRESS_EVERY_S) -> None:
+        self.what = what
+        self.every_s = every_s
+        self.last_s = 0.0
+
+    def __call__(self, progress: SplitProgress) -> None:
+        if progress.elapsed_s - self.last_s < self.every_s:
+            return
+        self.last_s = progress.elapsed_s
+        print(
+            f"  {self.what}: {progress.multisets_searched} of {progress.multisets} first-dim"
+            f" multisets searched, {progress.answered} regions answered ({progress.settled} settled,"
+            f" {progress.refined} split, {progress.timed_out} at their limit, {progress.resumed} from"
+            f" the journal) in {progress.elapsed_s:.0f} s",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def journal_path(

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -20,7 +21,7 @@ from hipipe import Collective, plan
 from hipipe.bounds import pipeline_bound_s
 from hipipe.errors import HipipeError
 from hipipe.planners.exact import prove_floor
-from hipipe.planners.exact.first_dims import solve_by_first_dims
+from hipipe.planners.exact.first_dims import SplitProgress, solve_by_first_dims
 from hipipe.planners.exact.journal import ProofJournal
 from hipipe.planners.exact.model import ExactModel
 from hipipe.presets import PRESETS
@@ -228,3 +229,48 @@ def test_a_journal_needs_a_fixed_cutoff(tmp_path: Path) -> None:
             journal=ProofJournal(tmp_path / "proof.jsonl", {"max_chunks": 5}),
         )
     assert journal_lines(tmp_path / "proof.jsonl") == [{"question": {"max_chunks": 5}}]
+
+
+def test_a_proof_reports_its_progress_region_by_region(tmp_path: Path) -> None:
+    """Every region answered is reported once, the counts only grow, and at the end every
+    first-dim multiset is searched and the counts are the proof's; a resumed run reports
+    the regions the journal answered as such."""
+    topology, journal = PRESETS["rfs-3d"](), tmp_path / "proof.jsonl"
+    reports: list[SplitProgress] = []
+    proof = prove_floor(
+        topology,
+        256 * MIB,
+        rfs_floor_s(),
+        max_chunks=5,
+        refine_after_s=0.05,
+        journal_path=journal,
+        progress=reports.append,
+    )
+    assert proof.proven and len(reports) == proof.settled + proof.refined
+    assert [r.answered for r in reports] == list(range(1, len(reports) + 1))
+    assert all(r.multisets == FIVE_CHUNK_REGIONS for r in reports)
+    searched = [r.multisets_searched for r in reports]
+    assert searched == sorted(searched) and searched[-1] == FIVE_CHUNK_REGIONS and searched[0] < searched[-1]
+    last = reports[-1]
+    assert (last.settled, last.refined, last.timed_out, last.resumed) == (proof.settled, proof.refined, 0, 0)
+    # Resumed from the journal without its last (whole-question) line: the same regions, all resumed.
+    journal.write_text("".join(line + "\n" for line in journal.read_text().splitlines()[:-1]))
+    again: list[SplitProgress] = []
+    prove_floor(topology, 256 * MIB, rfs_floor_s(), max_chunks=5, journal_path=journal, progress=again.append)
+    assert len(again) == len(reports) and again[-1].resumed == len(reports)
+
+
+def test_the_benchmarks_progress_line_waits_its_interval(
+    optimality_benchmark: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    line = optimality_benchmark.ProgressLine("rfs-3d 256 MiB floor proof (k = 5)", every_s=60.0)
+    counts = {"settled": 3, "refined": 1, "timed_out": 0, "resumed": 2, "multisets": 21}
+    for elapsed_s, answered in ((10.0, 4), (61.0, 5), (90.0, 6), (125.0, 7)):
+        line(SplitProgress(answered=answered, multisets_searched=answered - 1, elapsed_s=elapsed_s, **counts))
+    printed = capsys.readouterr().err.splitlines()
+    assert printed == [
+        "  rfs-3d 256 MiB floor proof (k = 5): 4 of 21 first-dim multisets searched, 5 regions"
+        " answered (3 settled, 1 split, 0 at their limit, 2 from the journal) in 61 s",
+        "  rfs-3d 256 MiB floor proof (k = 5): 6 of 21 first-dim multisets searched, 7 regions"
+        " answered (3 settled, 1 split, 0 at their limit, 2 from the journal) in 125 s",
+    ]

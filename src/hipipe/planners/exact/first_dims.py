@@ -32,7 +32,8 @@ regions solved at once (``jobs``, :mod:`~hipipe.planners.exact.regions`) it was 
 
 import itertools
 import time
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,6 +70,23 @@ class SplitSolve:
     resumed: int = 0
     """Regions answered from the journal of an earlier run (counted in ``settled`` or
     ``refined`` as it answered them) rather than solved again."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SplitProgress:
+    """How far a split search has come, after each region it answers: what a long proof
+    shows its user (the libra-4d proofs run for an hour and more)."""
+
+    answered: int
+    """Regions answered so far: settled, split, at their time limit, or from the journal."""
+    settled: int
+    refined: int
+    timed_out: int
+    resumed: int
+    multisets_searched: int
+    """First-dim multisets none of whose regions is left to try."""
+    multisets: int
+    elapsed_s: float
 
 
 def first_dim_multisets(num_dims: int, num_chunks: int, first: Sequence[int] = ()) -> list[tuple[int, ...]]:
@@ -111,6 +129,11 @@ class _Region:
     parent_bound: float
     """The dual bound the region inherits (its parent's, or the caller's floor)."""
 
+    @property
+    def roots(self) -> tuple[int, ...]:
+        """The first-dim multiset the region belongs to."""
+        return tuple(prefix[0] for prefix in self.prefixes)
+
 
 def solve_by_first_dims(
     model: ExactModel,
@@ -126,6 +149,7 @@ def solve_by_first_dims(
     leaf_time_limit_s: float | None = None,
     jobs: int = 1,
     journal: ProofJournal | None = None,
+    progress: Callable[[SplitProgress], None] | None = None,
 ) -> SplitSolve:
     """Solve the model one first-dim multiset at a time within ``time_limit_s`` in all.
 
@@ -143,11 +167,13 @@ def solve_by_first_dims(
     ``journal``: read the regions an earlier run answered from it, and write each answer
     given here to it; only for a fixed cutoff (``stop_when_found``, no relative gap: a
     floor proof), since a region pruned below one cutoff says nothing about a higher one.
+    ``progress``: called with a :class:`SplitProgress` after every region answered.
     """
     if journal is not None and not (stop_when_found and relative_gap == 0):
         raise ValueError("a proof journal needs a fixed cutoff: stop_when_found and no relative gap")
     cutoff_s = incumbent * model.time_unit_s  # the floor every region is asked about
-    deadline_s = time.perf_counter() + time_limit_s
+    started_s = time.perf_counter()
+    deadline_s = started_s + time_limit_s
     num_dims = model.topology.num_dims
     best = incumbent
     best_values: np.ndarray | None = None
@@ -158,6 +184,25 @@ def solve_by_first_dims(
         _Region(prefixes=tuple((dim,) for dim in multiset), parent_bound=floor)
         for multiset in reversed(first_dim_multisets(num_dims, model.num_chunks, incumbent_first_dims))
     ]
+    left = Counter(region.roots for region in pending)
+    """Regions still to try, by first-dim multiset."""
+
+    def answered(region: _Region, children: Sequence[_Region] = ()) -> None:
+        pending.extend(children)
+        left[region.roots] += len(children) - 1
+        if progress is not None:
+            progress(
+                SplitProgress(
+                    answered=settled + refined + timed_out,
+                    settled=settled,
+                    refined=refined,
+                    timed_out=timed_out,
+                    resumed=resumed,
+                    multisets_searched=sum(1 for count in left.values() if count == 0),
+                    multisets=len(left),
+                    elapsed_s=time.perf_counter() - started_s,
+                )
+            )
 
     def is_leaf(region: _Region) -> bool:
         return refine_after_s is None or len(region.prefixes[0]) >= num_dims - 1
@@ -168,14 +213,15 @@ def solve_by_first_dims(
             while pending and len(in_flight) < jobs:
                 region = pending.pop()
                 subproblems += 1
-                answered = None if journal is None else journal.outcome(region.prefixes, cutoff_s)
-                if answered is not None:
+                earlier = None if journal is None else journal.outcome(region.prefixes, cutoff_s)
+                if earlier is not None:
                     resumed += 1
-                    if answered == "settled":
+                    if earlier == "settled":
                         settled += 1
+                        answered(region)
                     else:
                         refined += 1
-                        pending.extend(_children(region, region.parent_bound, num_dims))
+                        answered(region, _children(region, region.parent_bound, num_dims))
                     continue
                 remaining_s = deadline_s - time.perf_counter()
                 if remaining_s <= 0:
@@ -197,16 +243,18 @@ def solve_by_first_dims(
                 settled += 1
                 if journal is not None and result.values is None:
                     journal.record(region.prefixes, "settled", cutoff_s)
+                answered(region)
             elif stop_when_found and best_values is not None:
                 open_bounds.append(max(region.parent_bound, result.dual_bound))
             elif is_leaf(region):
                 timed_out += 1
                 open_bounds.append(max(region.parent_bound, result.dual_bound))
+                answered(region)
             else:
                 refined += 1
-                pending.extend(_children(region, max(region.parent_bound, result.dual_bound), num_dims))
                 if journal is not None:
                     journal.record(region.prefixes, "refined", cutoff_s)
+                answered(region, _children(region, max(region.parent_bound, result.dual_bound), num_dims))
             if stop_when_found and best_values is not None:
                 break  # leaving the runner stops the MIPs still running
     # Regions not solved: never started, or stopped early by a schedule found elsewhere.

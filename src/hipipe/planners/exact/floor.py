@@ -23,6 +23,7 @@ most K bounds every schedule: it has at most K chunks (at least X) or more (at l
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from typing import Any
 import highspy
 
 from hipipe.errors import HipipeError
-from hipipe.planners.exact.first_dims import solve_by_first_dims
+from hipipe.planners.exact.first_dims import SplitProgress, solve_by_first_dims
 from hipipe.planners.exact.journal import REGION_CONVENTION, ProofJournal
 from hipipe.planners.exact.model import ExactModel, new_solver, solver_values
 from hipipe.planners.exact.planner import (
@@ -103,6 +104,7 @@ def prove_floor(
     leaf_time_limit_s: float | None = None,
     jobs: int = 1,
     journal_path: str | Path | None = None,
+    progress: Callable[[SplitProgress], None] | None = None,
 ) -> FloorProof:
     """Prove, within ``time_limit_s``, that no hierarchical schedule with at most
     ``max_chunks`` chunks (single-dim ops, one op per dim at a time) finishes before
@@ -114,7 +116,9 @@ def prove_floor(
     ``jobs``: first-dims subproblems solved at once, one process each (answers do not
     depend on it; the whole method is one MIP and runs alone); ``journal_path``: a file
     that keeps every region this proof answers and that a later call with the same
-    instance resumes from (:mod:`~hipipe.planners.exact.journal`; None: keep nothing)."""
+    instance resumes from (:mod:`~hipipe.planners.exact.journal`; None: keep nothing);
+    ``progress``: called after every region of a first-dims proof (the whole method is one
+    MIP and reports nothing until it ends)."""
     collective = Collective.parse(collective)
     validate_instance(
         topology,
@@ -160,6 +164,7 @@ def prove_floor(
             leaf_time_limit_s=leaf_time_limit_s,
             jobs=jobs,
             journal=journal,
+            progress=progress,
         )
         resumed = split.resumed
         values, subproblems, settled, nodes = split.values, split.subproblems, split.settled, split.nodes
