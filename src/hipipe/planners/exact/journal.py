@@ -129,9 +129,6 @@ class ProofJournal:
             os.fsync(stream.fileno())
         self._note(region, outcome, float(floor_s))
 
-    def __len__(self) -> int:
-        return len(self._settled_s.keys() | self._refined)
-
 
 def _region(prefixes: Sequence[Order]) -> Region:
     return tuple(tuple(int(d) for d in p) for p in prefixes)
@@ -141,7 +138,7 @@ def _parse_entry(line: str, path: Path, number: int) -> tuple[Region, Outcome, f
     """One region line: its prefixes (lists of dims), its outcome and the floor asked."""
     try:
         entry = json.loads(line)
-        region = tuple(tuple(int(d) for d in prefix) for prefix in entry["prefixes"])
+        region = _region(entry["prefixes"])
         outcome = entry["outcome"]
         floor_s = float(entry["floor_s"])
     except (json.JSONDecodeError, KeyError, TypeError, ValueError):
