@@ -31,7 +31,10 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
         help=f"one of: {', '.join([*PLANNERS, *REFERENCE_PLANNERS])} (default: hipipe)",
     )
     parser.add_argument(
-        "--chunks", type=int, default=None, help="force the number of chunks (exact: at most this many)"
+        "--chunks",
+        type=int,
+        default=None,
+        help="number of chunks: at most this many for hipipe and exact, exactly this many for the chunked baselines",
     )
     parser.add_argument(
         "--time-limit",

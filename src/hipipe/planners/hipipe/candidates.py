@@ -57,7 +57,12 @@ class SearchOptions:
     chunk_counts: tuple[int, ...] = CHUNK_LADDER
     """The K ladder, tried in order (ignored when ``forced_chunks`` is set)."""
     forced_chunks: int | None = None
-    """Plan with exactly this K: no ladder, no probes, no splitting; seeds of this K only."""
+    """The K the user or the ablation forced. With the local search on, the search turns it
+    into "at most K chunks" (``chunk_limit``); without (the ablations), this K alone: no
+    ladder, no probes, no splitting, seeds of this K only."""
+    chunk_limit: int | None = None
+    """At most this many chunks: the search confined to K' <= this (a forced K above the
+    few-chunk range), its ladder ending at this K and every later step held to it."""
     lp_sizes: bool = True
     """False: uniform chunk sizes (the ``hipipe-uniform`` ablation)."""
     ascending_only: bool = False

@@ -14,16 +14,16 @@ filler chunk (:mod:`.filler`), and *settled* exactly as a forced K is (:func:`_s
 then *polished* (:func:`_polished`: every order multiset where few enough,
 :mod:`.enumeration`, per-dim sequences re-solved by a small MIP, :mod:`.sequence_mip`, and
 last every chunk's order below its first dim by the exact MIP, :mod:`.tail_mip`):
-the search is never worse than those forced Ks, and a forced K <= AT_MOST_MAX_CHUNKS means
-"at most K chunks". Unless K is forced, the best plan's chunks are then split while that
+the search is never worse than those forced Ks. A forced K means "at most K chunks": up to
+AT_MOST_MAX_CHUNKS every K' <= K settled and polished, above it the whole search confined to
+K' <= K (:func:`_capped`). The best plan's chunks are then split while that
 helps (:mod:`.splitting`: the ramp that Ks built from scratch cannot have), and a split
 plan's binding pairs are swapped again; the polish comes after the splits, so that its LPs
 do not eat into their budget. The best plan and the polished few-chunk plans near it then
 get one chunk more in every order, built from scratch (:func:`_with_added_chunk`), and a
 4-chunk one a chunk starting on each dim, sequenced by MIP (where none starts first:
-:func:`.sequence_mip.add_sequenced_chunk`); a forced K above 4 grows its plans of 4 chunks
-the same way. A plan of 5 chunks (the first K past the polish) then has its own orders
-re-sequenced by MIP (:func:`.sequence_mip.resequenced`).
+:func:`.sequence_mip.add_sequenced_chunk`). A plan of 5 chunks (the first K past the
+polish) then has its own orders re-sequenced by MIP (:func:`.sequence_mip.resequenced`).
 Last, the baselines' own structures are re-sized where they would still win
 (:mod:`.seeds`), so the result is never worse than a baseline. An AllReduce plan of 6 chunks
 or more is then compared with the ReduceScatter search's plan followed by its mirror
@@ -254,9 +254,23 @@ def _polish(
 AT_MOST_MAX_CHUNKS = 4
 """Up to this K every K is *settled* the same way whether the user forced it or the search
 came across it (:func:`_settle`): so the search is never worse than a forced K <= this, and a
-forced K means "at most K chunks" (as for the exact planner): never worse than a forced
-K' < K, K' <= this. Few-chunk plans are where the local search moves a plan by percents and
-where it is cheap; above, a forced K is planned with K chunks alone."""
+forced K <= this is planned as every K' <= K settled and polished. Few-chunk plans are where
+the local search moves a plan by percents and where it is cheap. A forced K above this is
+the search itself confined to K' <= K (:func:`_capped`): either way a forced K means "at
+most K chunks", as for the exact planner."""
+
+
+def _capped(options: SearchOptions, limit: int) -> SearchOptions:
+    """The search's options confined to at most ``limit`` chunks: its ladder's Ks below the
+    limit, then the limit itself.
+
+    A forced K above :data:`AT_MOST_MAX_CHUNKS` used to be planned with K chunks alone (every
+    family at K, the forced 4's plans, a chunk added to those), which skipped the sweep and
+    the added chunk that give the free search its plans: on libra-4d at 1 GiB forced K = 8
+    came out at 5.2378 ms, against 4.7093 ms forced to 7 and 4.7048 ms (8 chunks) searched.
+    """
+    ladder = (*(k for k in options.chunk_counts if k < limit), limit)
+    return replace(options, forced_chunks=None, chunk_counts=ladder, chunk_limit=limit)
 
 
 TWO_CHUNK_RUNNER_UP_MARGIN = 0.04
@@ -415,29 +429,6 @@ def _fastest(candidates: list[Candidate | None]) -> Candidate | None:
     return best
 
 
-def _at_most(
-    topology: Topology,
-    message_bytes: int,
-    mix: OrderMix,
-    num_chunks: int,
-    *,
-    options: SearchOptions,
-    unit_s: float,
-    log: SearchLog,
-) -> list[Candidate | None]:
-    """The settled and polished plans of every K' <= ``num_chunks`` (and <= AT_MOST_MAX_CHUNKS),
-    as a forced K' plans them."""
-    settled: list[tuple[Candidate | None, int]] = []
-    for step in _small_steps(
-        topology, message_bytes, mix, num_chunks, options=options, unit_s=unit_s, log=log
-    ):
-        settled.append(
-            (_settle(topology, message_bytes, step, options=options, unit_s=unit_s)[0], step.num_chunks)
-        )
-        _absorb(log, step)
-    return _polished_in_turn(topology, message_bytes, settled, options=options, unit_s=unit_s, log=log)
-
-
 def _polished_in_turn(
     topology: Topology,
     message_bytes: int,
@@ -552,19 +543,31 @@ def search(
             log=log,
         )
         return _checked(_fastest(polished), log), baselines
+    if forced is not None and options.climb:
+        options = _capped(options, forced)
     best, baselines = _search_ladder(topology, message_bytes, mix, options=options, unit_s=unit_s, log=log)
     if (
         best is not None
         and options.collective is Collective.ALL_REDUCE
         and options.climb
         and options.lp_sizes
-        and best.structure.num_chunks >= TWO_PHASE_MIN_CHUNKS
+        and max(best.structure.num_chunks, options.chunk_limit or 0) >= TWO_PHASE_MIN_CHUNKS
     ):
+        # Also when the user forced a K this long even if the best so far has fewer chunks:
+        # on libra-4d at 1 GiB, forced to 6, it gives 5.1667 ms against 5.2378 ms (5 chunks).
         composed = two_phase_candidate(
             topology, message_bytes, mix, options=options, unit_s=unit_s, log=log, search=search
         )
         if better(best, composed):
             best = composed
+    if (
+        best is not None
+        and options.chunk_limit is not None
+        and best.structure.num_chunks > options.chunk_limit
+    ):
+        raise SolverError(
+            f"internal: the search confined to {options.chunk_limit} chunks returned {best.structure.num_chunks}"
+        )
     return _checked(best, log), baselines
 
 
@@ -738,6 +741,8 @@ def _sweep(
     for num_chunks in SWEEP_CHUNKS:
         if num_chunks * options.collective.moves_per_byte * topology.num_dims > MAX_OPS:
             break
+        if options.chunk_limit is not None and num_chunks > options.chunk_limit:
+            break
         for source, orders in families(
             topology,
             message_bytes,
@@ -785,7 +790,7 @@ def _with_added_chunk(
     (:func:`.sequence_mip.add_sequenced_chunk`). Off in the ablations."""
     if not (options.climb and options.lp_sizes):
         return best
-    limit = options.forced_chunks if options.forced_chunks is not None else math.inf
+    limit = min(options.forced_chunks or math.inf, options.chunk_limit or math.inf)
     bases: list[Candidate] = []
     for candidate in [best, *polished]:
         if candidate.makespan_s > best.makespan_s * (1 + POLISH_WINDOW):
@@ -848,6 +853,8 @@ def _search_ladder(
     """
     collective = options.collective
     chain_length = collective.moves_per_byte * topology.num_dims
+    limit = options.chunk_limit
+    """A forced K above the few-chunk range (:func:`_capped`); None: the search's own K."""
     best: Candidate | None = None
     pool: list[Candidate] = []
     """Every family's candidate at every K of the ladder: the runner-up is climbed too."""
@@ -917,17 +924,23 @@ def _search_ladder(
                 continue  # every small K is settled: no early stop before them
             if misses >= (options.patience if num_chunks <= FULL_ROUNDS_MAX_CHUNKS else 1):
                 break
-    sweep_log: SearchLog | None = None
+    side_logs: list[SearchLog] = []
+    """Stages run in logs of their own (the sweep, a forced K's polish): their LP work is
+    recorded at the end, so that it does not eat into the budget of the later stages."""
     if (
         best is not None
         and options.searches_chunks
         and options.climb
-        and _requested_chunks(log, best) > AT_MOST_MAX_CHUNKS
+        and (limit is not None or _requested_chunks(log, best) > AT_MOST_MAX_CHUNKS)
     ):
-        # Pipelining pays: every K between the few-chunk range and the full-rounds range,
-        # every family, in a log of its own (its LP work is recorded at the end, like the
-        # settling's, so the splits keep their budget).
+        # Pipelining pays (or the user forced a K past the few-chunk range): every K between
+        # the few-chunk range and the full-rounds range (or the forced K), every family, in a
+        # log of its own (its LP work is recorded at the end, like the settling's, so the
+        # splits keep their budget). The ladder retires families at small K that win at the
+        # forced K: on libra-4d at 1 GiB Themis' greedy orders, retired at K = 4, give the
+        # best plan forced to 7 chunks.
         sweep_log = SearchLog(budget=options.lp_work_budget, floors=log.floors, solved_mips=log.solved_mips)
+        side_logs.append(sweep_log)
         # The whole plan budget, in its own log: at the default stage limit (half of it) the
         # sweep's last Ks were built without re-sequencing rounds, and on a generated 3-dim
         # network at 1 GiB the greedy orders at K = 16 came out at 3.666 ms instead of 3.283 ms.
@@ -945,11 +958,27 @@ def _search_ladder(
         for num_chunks in PROBE_CHUNKS:
             if num_chunks in tried or num_chunks * chain_length > MAX_OPS or log.over_budget:
                 continue
+            if options.chunk_limit is not None and num_chunks > options.chunk_limit:
+                continue
             candidate = _best_for_chunks(
                 topology, message_bytes, mix, num_chunks, options=options, unit_s=unit_s, log=log
             )
             if candidate is not None and better(best, candidate):
                 best = candidate
+    if (
+        best is not None
+        and limit is not None
+        and limit not in tried
+        and log.floor_s(topology, message_bytes, limit, collective) < best.makespan_s
+    ):
+        # The ladder stopped short of the forced K (patience, budget): "at most K" takes K
+        # itself too, unless its latency floor says no K-chunk plan can win.
+        tried.add(limit)
+        candidate = _best_for_chunks(
+            topology, message_bytes, mix, limit, options=options, unit_s=unit_s, log=log, pool=pool
+        )
+        if candidate is not None and better(best, candidate):
+            best = candidate
     finished: Candidate | None = None
     if best is not None and options.climb:
         small_ids = {id(c) for step in steps for c in step.pool}
@@ -962,19 +991,6 @@ def _search_ladder(
     settled = [_settle(topology, message_bytes, step, options=options, unit_s=unit_s)[0] for step in steps]
     if options.climb:
         best = _fastest([*settled, finished]) or best
-    at_most: list[Candidate] = []
-    """A forced K's plans of every K' <= AT_MOST_MAX_CHUNKS, settled and polished."""
-    if options.forced_chunks is not None and options.climb:
-        # A forced K above AT_MOST_MAX_CHUNKS: never worse than a forced AT_MOST_MAX_CHUNKS,
-        # and those plans are the bases of its added chunks, as the search's are (below).
-        at_most = [
-            c
-            for c in _at_most(
-                topology, message_bytes, mix, AT_MOST_MAX_CHUNKS, options=options, unit_s=unit_s, log=log
-            )
-            if c is not None
-        ]
-        best = _fastest([best, *at_most])
     if best is not None and options.climb and options.searches_chunks:
         refined = refine_by_splitting(
             topology,
@@ -983,7 +999,7 @@ def _search_ladder(
             options=options,
             unit_s=unit_s,
             log=log,
-            max_ops=MAX_OPS,
+            max_ops=MAX_OPS if limit is None else min(MAX_OPS, limit * chain_length),
             floor_slack=FLOOR_SLACK,
         )
         if refined is not best:  # new sequences: the binding pairs are worth another look
@@ -993,24 +1009,35 @@ def _search_ladder(
     if best is not None:
         # Each settled K is polished as a forced K is (so the search stays no worse than any
         # forced K), unless the plan so far leads it by more than the polish has ever gained;
-        # last, so that its LPs do not eat into the budget of the splits.
-        lead_s = best.makespan_s * (1 + POLISH_WINDOW)
+        # last, so that its LPs do not eat into the budget of the splits. Confined to a forced
+        # K, every one (never worse than a forced AT_MOST_MAX_CHUNKS, and its bases for the
+        # added chunk below are the ones a forced AT_MOST_MAX_CHUNKS polishes), in a log of
+        # its own: polishing what the search skips spent the budget that re-sequences the
+        # added chunk (libra-4d, 1 GiB, forced to 8: the search's 7-chunk plan grew to 4.7048
+        # ms on its own, not after the polish).
+        polish_log = log
+        if limit is not None:
+            polish_log = SearchLog(budget=log.budget, floors=log.floors, solved_mips=log.solved_mips)
+            polish_log.allow(SPLIT_SHARE)
+            side_logs.append(polish_log)
         polished = _polished_in_turn(
             topology,
             message_bytes,
             [(c, step.num_chunks) for c, step in zip(settled, steps, strict=True)],
-            lead_s=lead_s,
+            lead_s=best.makespan_s * (1 + POLISH_WINDOW) if limit is None else math.inf,
             options=options,
             unit_s=unit_s,
-            log=log,
+            log=polish_log,
         )
+        if polish_log is not log:
+            log.tried.extend(polish_log.tried)
         best = _fastest([best, *polished])
         assert best is not None
         best = _with_added_chunk(
             topology,
             message_bytes,
             best,
-            [*(c for c in polished if c is not None), *at_most],
+            [c for c in polished if c is not None],
             options=options,
             unit_s=unit_s,
             log=log,
@@ -1021,10 +1048,16 @@ def _search_ladder(
     baselines: dict[str, float] = {}
     if options.baseline_seeds:
         best, baselines = improve_with_seeds(
-            topology, message_bytes, best, options.forced_chunks, options=options, unit_s=unit_s, log=log
+            topology,
+            message_bytes,
+            best,
+            options.forced_chunks or limit,
+            options=options,
+            unit_s=unit_s,
+            log=log,
         )
     for step in steps:
         _absorb(log, step)  # the LP work of the small Ks, settling included
-    if sweep_log is not None:
-        log.add_work(sweep_log)
+    for side_log in side_logs:
+        log.add_work(side_log)
     return best, baselines
