@@ -33,7 +33,10 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
         help="comma-separated planners (default: %(default)s)",
     )
     parser.add_argument(
-        "--chunks", type=int, default=None, help="force the number of chunks of every planner"
+        "--chunks",
+        type=int,
+        default=None,
+        help="number of chunks of every planner (hipipe and exact: at most this many)",
     )
     add_collective_argument(parser)
     parser.add_argument(
