@@ -137,6 +137,48 @@ def test_the_whole_method_keeps_its_answer_too(tmp_path: Path) -> None:
     assert again.proven and again.resumed == 1 and again.nodes == 0
 
 
+def test_a_leaf_left_open_is_not_tried_again_with_the_same_limit(tmp_path: Path) -> None:
+    """Leaves given 1 ms stay open and are written so; a resumed run with the same limit
+    counts them open without a MIP, and one with a longer limit solves them and proves the
+    floor (an open leaf held 900 s in each sitting of the libra-4d 1 GiB proof)."""
+    topology, journal = PRESETS["rfs-3d"](), tmp_path / "proof.jsonl"
+    floor_s = rfs_floor_s()
+    short = {"max_chunks": 5, "refine_after_s": 0.05, "leaf_time_limit_s": 0.001, "journal_path": journal}
+    first = prove_floor(topology, 256 * MIB, floor_s, **short)  # type: ignore[arg-type]
+    assert not first.proven and first.timed_out > 0
+    opened = [line for line in journal_lines(journal)[1:] if line["outcome"] == "open"]
+    assert len(opened) == first.timed_out
+    assert all(line["limit_s"] == 0.001 and line["bound_s"] > 0 for line in opened)  # type: ignore[operator]
+    again = prove_floor(topology, 256 * MIB, floor_s, **short)  # type: ignore[arg-type]
+    assert not again.proven and again.timed_out == first.timed_out
+    assert again.resumed == again.subproblems == first.subproblems and again.nodes == 0
+    longer = prove_floor(
+        topology,
+        256 * MIB,
+        floor_s,
+        max_chunks=5,
+        refine_after_s=0.05,
+        leaf_time_limit_s=60,
+        journal_path=journal,
+    )
+    assert longer.proven and longer.timed_out == 0
+    assert longer.resumed == longer.subproblems - first.timed_out  # the open leaves were solved
+
+
+def test_an_open_leaf_answers_higher_floors_and_no_longer_limits_only(tmp_path: Path) -> None:
+    """Open at a floor after a limit: a higher floor is a harder question and a shorter
+    limit less time, so both would stay open; a lower floor or a longer limit may not."""
+    path, leaf = tmp_path / "proof.jsonl", ((0, 1), (1, 0))
+    ProofJournal(path, {"max_chunks": 2}).record_open(leaf, 2.0, 900.0, 1.5)
+    journal = ProofJournal(path, {"max_chunks": 2})  # as a later run reads it
+    assert journal.open_bound_s(leaf, 2.0, 900.0) == 1.5
+    assert journal.open_bound_s(leaf, 2.5, 600.0) == 1.5
+    assert journal.open_bound_s(leaf, 1.9, 900.0) is None
+    assert journal.open_bound_s(leaf, 2.0, 1800.0) is None
+    assert journal.open_bound_s(((1, 0), (0, 1)), 2.0, 900.0) is None
+    assert journal.outcome(leaf, 2.0) is None  # left open is no answer to the floor
+
+
 def test_a_region_settled_at_a_floor_answers_lower_floors_only(tmp_path: Path) -> None:
     """Proven at the rfs floor, the regions answer a floor 1% lower from the journal; a
     floor 1% higher is asked afresh (the journal answers nothing there) and adds lines of
@@ -193,6 +235,7 @@ def test_a_file_that_is_not_a_journal_is_refused(tmp_path: Path, text: str, frag
         '{"prefixes": [[0]], "floor_s": 1.0}',
         '{"prefixes": [["x"]], "outcome": "settled", "floor_s": 1.0}',
         '{"prefixes": [[0]], "outcome": "open", "floor_s": 1.0}',
+        '{"prefixes": [[0]], "outcome": "open", "floor_s": 1.0, "limit_s": 9.0, "bound_s": -1.0}',
         '{"prefixes": [[0]], "outcome": "settled"}',
         '{"prefixes": [[0]], "outcome": "settled", "floor_s": -1.0}',
     ],

@@ -165,7 +165,8 @@ def solve_by_first_dims(
     the other regions). ``jobs``: regions solved at once, each in its own process (the
     regions are independent; a cutoff improved by one reaches the MIPs started after it).
     ``journal``: read the regions an earlier run answered from it, and write each answer
-    given here to it; only for a fixed cutoff (``stop_when_found``, no relative gap: a
+    given here to it (a leaf left open at its limit too, which a run giving it no longer
+    a limit then counts open without solving it again); only for a fixed cutoff (``stop_when_found``, no relative gap: a
     floor proof), since a region pruned below one cutoff says nothing about a higher one.
     ``progress``: called with a :class:`SplitProgress` after every region answered.
     """
@@ -208,6 +209,8 @@ def solve_by_first_dims(
         return refine_after_s is None or len(region.prefixes[0]) >= num_dims - 1
 
     in_flight: list[_Region] = []
+    limits_s: dict[tuple[Order, ...], float] = {}
+    """The time limit each region was given."""
     with RegionRunner[_Region](jobs) as runner:
         while pending or in_flight:
             while pending and len(in_flight) < jobs:
@@ -229,9 +232,23 @@ def solve_by_first_dims(
                     continue
                 budget_s = leaf_time_limit_s if is_leaf(region) else refine_after_s
                 limit_s = remaining_s if budget_s is None else min(remaining_s, budget_s)
+                left_open_s = (
+                    journal.open_bound_s(region.prefixes, cutoff_s, limit_s)
+                    if journal is not None and is_leaf(region)
+                    else None
+                )
+                if left_open_s is not None:
+                    # An earlier run gave this leaf as long or longer at this floor or a
+                    # lower one and it stayed open: it would again.
+                    resumed += 1
+                    timed_out += 1
+                    open_bounds.append(max(region.parent_bound, left_open_s / model.time_unit_s))
+                    answered(region)
+                    continue
                 cutoff = best * (1.0 - relative_gap)
                 runner.submit(region, (model, settings, region.prefixes, limit_s, cutoff))
                 in_flight.append(region)
+                limits_s[region.prefixes] = limit_s
             if not in_flight:
                 continue
             region, result = runner.next_result()
@@ -248,7 +265,12 @@ def solve_by_first_dims(
                 open_bounds.append(max(region.parent_bound, result.dual_bound))
             elif is_leaf(region):
                 timed_out += 1
-                open_bounds.append(max(region.parent_bound, result.dual_bound))
+                bound = max(region.parent_bound, result.dual_bound)
+                open_bounds.append(bound)
+                if journal is not None:
+                    journal.record_open(
+                        region.prefixes, cutoff_s, limits_s[region.prefixes], bound * model.time_unit_s
+                    )
                 answered(region)
             else:
                 refined += 1

@@ -18,9 +18,12 @@ floors asked of one instance move: the optimality benchmark asks hipipe's makesp
 or hipipe's makespan itself, and a run that answers the higher floor answers the lower.
 Lines are appended and flushed to disk one by one, so a run killed at any moment leaves
 every answer before the last line; a torn last line (killed mid-write) is dropped when the
-journal is read, a damaged line anywhere else is refused. Regions left open (a leaf at its time limit, regions never
-reached) are not written: a resumed run tries them again. A schedule found below the floor
-is not written either: it ends the proof, and the run that found it reports it.
+journal is read, a damaged line anywhere else is refused. A leaf left open at its time
+limit is written ``open``, with that limit and the MIP's bound: a resumed run asking the
+same floor or a higher one with no longer a limit counts it open at once instead of
+spending the limit again (at 1 GiB on libra-4d each such leaf held its 900 s), and a
+longer limit tries it again. Regions never reached are not written. A schedule found below
+the floor is not written either: it ends the proof, and the run that found it reports it.
 """
 
 import json
@@ -39,8 +42,8 @@ index, unused chunks last with free orders; :mod:`~hipipe.planners.exact.first_d
 begins with ``prefixes[j]``. Bumped if that convention ever changes, so that old journals
 are refused rather than misread."""
 
-Outcome = Literal["settled", "refined"]
-OUTCOMES: tuple[Outcome, ...] = ("settled", "refined")
+Outcome = Literal["settled", "refined", "open"]
+OUTCOMES: tuple[Outcome, ...] = ("settled", "refined", "open")
 Region = tuple[Order, ...]
 
 
@@ -56,6 +59,8 @@ class ProofJournal:
         self._settled_s: dict[Region, float] = {}
         """Each settled region's highest floor."""
         self._refined: set[Region] = set()
+        self._open: dict[Region, list[tuple[float, float, float]]] = {}
+        """Each leaf left open: (floor, time limit, the MIP's bound), all in seconds."""
         if self.path.exists():
             self._read()
         else:
@@ -105,11 +110,13 @@ class ProofJournal:
             with open(self.path, "r+", encoding="utf-8") as stream:
                 stream.truncate(len(text.encode("utf-8")) - len(torn.encode("utf-8")))
 
-    def _note(self, region: Region, outcome: Outcome, floor_s: float) -> None:
+    def _note(self, region: Region, outcome: Outcome, floor_s: float, limit_s: float, bound_s: float) -> None:
         if outcome == "settled":
             self._settled_s[region] = max(floor_s, self._settled_s.get(region, floor_s))
-        else:
+        elif outcome == "refined":
             self._refined.add(region)
+        else:
+            self._open.setdefault(region, []).append((floor_s, limit_s, bound_s))
 
     def outcome(self, prefixes: Sequence[Order], floor_s: float) -> Outcome | None:
         """What earlier runs answered for the region ``prefixes`` asked about ``floor_s``:
@@ -119,35 +126,68 @@ class ProofJournal:
             return "settled"
         return "refined" if region in self._refined else None
 
-    def record(self, prefixes: Sequence[Order], outcome: Outcome, floor_s: float) -> None:
+    def open_bound_s(self, prefixes: Sequence[Order], floor_s: float, limit_s: float) -> float | None:
+        """The bound (seconds) an earlier run left the leaf ``prefixes`` open with, if it
+        asked ``floor_s`` or a lower floor (an easier question) for ``limit_s`` or longer;
+        None if no such run: the leaf is to be tried."""
+        bounds = [
+            bound_s
+            for asked_s, given_s, bound_s in self._open.get(_region(prefixes), [])
+            if asked_s <= floor_s and given_s >= limit_s
+        ]
+        return max(bounds) if bounds else None
+
+    def record(
+        self, prefixes: Sequence[Order], outcome: Literal["settled", "refined"], floor_s: float
+    ) -> None:
         """Append the answer for region ``prefixes`` at ``floor_s`` and flush it to disk."""
-        region = _region(prefixes)
-        entry = {"prefixes": [list(p) for p in region], "outcome": outcome, "floor_s": float(floor_s)}
+        self._append(_region(prefixes), outcome, float(floor_s))
+
+    def record_open(self, prefixes: Sequence[Order], floor_s: float, limit_s: float, bound_s: float) -> None:
+        """Append that the leaf ``prefixes`` stayed open at ``floor_s`` after ``limit_s``
+        seconds, its MIP's bound ``bound_s``, and flush it to disk."""
+        self._append(_region(prefixes), "open", float(floor_s), float(limit_s), float(bound_s))
+
+    def _append(
+        self, region: Region, outcome: Outcome, floor_s: float, limit_s: float = 0.0, bound_s: float = 0.0
+    ) -> None:
+        entry: dict[str, Any] = {
+            "prefixes": [list(p) for p in region],
+            "outcome": outcome,
+            "floor_s": floor_s,
+        }
+        if outcome == "open":
+            entry |= {"limit_s": limit_s, "bound_s": bound_s}
         with open(self.path, "a", encoding="utf-8") as stream:
             stream.write(json.dumps(entry) + "\n")
             stream.flush()
             os.fsync(stream.fileno())
-        self._note(region, outcome, float(floor_s))
+        self._note(region, outcome, floor_s, limit_s, bound_s)
 
 
 def _region(prefixes: Sequence[Order]) -> Region:
     return tuple(tuple(int(d) for d in p) for p in prefixes)
 
 
-def _parse_entry(line: str, path: Path, number: int) -> tuple[Region, Outcome, float]:
-    """One region line: its prefixes (lists of dims), its outcome and the floor asked."""
+def _parse_entry(line: str, path: Path, number: int) -> tuple[Region, Outcome, float, float, float]:
+    """One region line: its prefixes (lists of dims), its outcome, the floor asked, and for
+    an open leaf its time limit and bound (0 otherwise)."""
     try:
         entry = json.loads(line)
         region = _region(entry["prefixes"])
         outcome = entry["outcome"]
         floor_s = float(entry["floor_s"])
+        open_leaf = outcome == "open"
+        limit_s = float(entry["limit_s"]) if open_leaf else 0.0
+        bound_s = float(entry["bound_s"]) if open_leaf else 0.0
     except (json.JSONDecodeError, KeyError, TypeError, ValueError):
         raise HipipeError(f"the proof journal {path} has a malformed line {number}") from None
     if outcome not in OUTCOMES:
         raise HipipeError(f"the proof journal {path} line {number}: unknown outcome {outcome!r}")
-    if not (floor_s > 0 and math.isfinite(floor_s)):
-        raise HipipeError(f"the proof journal {path} line {number}: floor {floor_s!r} is not a time")
-    return region, outcome, floor_s
+    for name, value in (("floor", floor_s), *((("limit", limit_s), ("bound", bound_s)) if open_leaf else ())):
+        if not (value > 0 and math.isfinite(value)):
+            raise HipipeError(f"the proof journal {path} line {number}: {name} {value!r} is not a time")
+    return region, outcome, floor_s, limit_s, bound_s
 
 
 def _describe(question: object) -> str:
