@@ -166,8 +166,9 @@ def solve_by_first_dims(
     regions are independent; a cutoff improved by one reaches the MIPs started after it).
     ``journal``: read the regions an earlier run answered from it, and write each answer
     given here to it (a leaf left open at its limit too, which a run giving it no longer
-    a limit then counts open without solving it again); only for a fixed cutoff (``stop_when_found``, no relative gap: a
-    floor proof), since a region pruned below one cutoff says nothing about a higher one.
+    a limit then counts open without solving it again); only for a fixed cutoff
+    (``stop_when_found``, no relative gap: a floor proof), since a region pruned below one
+    cutoff says nothing about a higher one.
     ``progress``: called with a :class:`SplitProgress` after every region answered.
     """
     if journal is not None and not (stop_when_found and relative_gap == 0):
