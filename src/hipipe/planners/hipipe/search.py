@@ -790,7 +790,7 @@ def _with_added_chunk(
     (:func:`.sequence_mip.add_sequenced_chunk`). Off in the ablations."""
     if not (options.climb and options.lp_sizes):
         return best
-    limit = min(options.forced_chunks or math.inf, options.chunk_limit or math.inf)
+    limit = options.chunk_limit or math.inf  # a forced K reaches here as the search's limit
     bases: list[Candidate] = []
     for candidate in [best, *polished]:
         if candidate.makespan_s > best.makespan_s * (1 + POLISH_WINDOW):
